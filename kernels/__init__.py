@@ -1,0 +1,1 @@
+"""Triton paged-attention kernels and their PyTorch references (installed as vlserve.kernels; imports torch/triton only)."""

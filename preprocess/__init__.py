@@ -1,0 +1,1 @@
+"""Media decoding, limits, processing and hashing (installed as vlserve.preprocess; never imports vlserve)."""
