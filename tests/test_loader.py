@@ -1,0 +1,85 @@
+"""Checkpoint loading: both weight-key layouts, shards, dtypes, and clear errors."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from vlserve.model.config import CheckpointError
+from vlserve.model.loader import load_model
+from vlserve.model.tiny import TinyModelSpec, make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_model(str(tmp_path_factory.mktemp("tiny")), seed=3)
+
+
+def _weights(path):
+    files = [f for f in os.listdir(path) if f.endswith(".safetensors")]
+    keys = []
+    for f in files:
+        with safe_open(os.path.join(path, f), "pt") as sf:
+            keys += list(sf.keys())
+    return files, keys
+
+
+def test_llava_hf_layout_sharded_loads_identically(tiny, tmp_path):
+    other = make_tiny_model(str(tmp_path / "hf"), seed=3, layout="llava-hf", max_shard_size="100KB")
+    files, keys = _weights(other)
+    assert len(files) > 1 and os.path.exists(os.path.join(other, "model.safetensors.index.json"))
+    assert any(k.startswith("vision_tower.vision_model.") for k in keys)
+    assert not any(k.startswith("vision_tower.embeddings") for k in keys)
+    _, tiny_keys = _weights(tiny)
+    assert any(k.startswith("vision_tower.embeddings.") for k in tiny_keys)  # transformers 5's layout
+    a, b = load_model(tiny).model.state_dict(), load_model(other).model.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_checkpoints(tmp_path, dtype):
+    name = str(dtype).split(".")[-1]
+    path = make_tiny_model(str(tmp_path / name), spec=TinyModelSpec(dtype=name))
+    loaded = load_model(path)
+    assert loaded.config.dtype == dtype
+    assert loaded.model.lm_head.weight.dtype == dtype
+    assert load_model(path, dtype="float32").model.lm_head.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("missing,message", [
+    ("config.json", "missing config.json"),
+    ("tokenizer.json", "missing tokenizer"),
+    ("preprocessor_config.json", "missing preprocessor_config.json"),
+    ("model.safetensors", "missing weights"),
+])
+def test_missing_file_is_named(tiny, tmp_path, missing, message):
+    copy = shutil.copytree(tiny, tmp_path / "ckpt")
+    os.remove(copy / missing)
+    with pytest.raises(CheckpointError, match=message):
+        load_model(str(copy))
+
+
+def test_missing_shard_is_named(tmp_path):
+    path = make_tiny_model(str(tmp_path / "sharded"), max_shard_size="100KB")
+    shard = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))[0]
+    os.remove(os.path.join(path, shard))
+    with pytest.raises(CheckpointError, match=shard):
+        load_model(path)
+
+
+def test_unsupported_architecture_is_named(tiny, tmp_path):
+    copy = shutil.copytree(tiny, tmp_path / "ckpt")
+    cfg = json.load(open(copy / "config.json"))
+    cfg["text_config"]["model_type"] = "gemma"
+    json.dump(cfg, open(copy / "config.json", "w"))
+    with pytest.raises(CheckpointError, match="unsupported text model 'gemma'"):
+        load_model(str(copy))
+
+
+def test_not_a_directory():
+    with pytest.raises(CheckpointError, match="not a directory"):
+        load_model("/nonexistent/model")

@@ -1,0 +1,41 @@
+"""Attention backends: how a decoder layer attends over the paged KV pool.
+
+Both read every key and value through req_to_token (the new tokens' KV is written to the pool
+before attention runs). `torch` runs the PyTorch references and is the default without CUDA;
+`triton` runs the paged Triton kernels.
+"""
+
+import torch
+
+from vlserve.model.forward_batch import ForwardBatch, ForwardMode
+
+
+class AttentionBackend:
+    def __init__(self, name: str):
+        from vlserve import kernels
+
+        if name == "torch":
+            self._decode, self._extend = kernels.decode_attention_ref, kernels.extend_attention_ref
+        elif name == "triton":
+            if not kernels.triton_available():
+                raise ValueError("--attention-backend triton needs the triton package")
+            self._decode, self._extend = kernels.decode_attention, kernels.extend_attention
+        else:
+            raise ValueError(f"unknown attention backend {name!r}; use 'torch' or 'triton'")
+        self.name = name
+
+    def forward(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                batch: ForwardBatch, sm_scale: float) -> torch.Tensor:
+        """q: [T, Hq, D] → [T, Hq, D]."""
+        o = torch.empty_like(q)
+        if batch.mode == ForwardMode.DECODE:
+            self._decode(q, k_buffer, v_buffer, o, batch.req_to_token, batch.req_pool_indices,
+                         batch.seq_lens, sm_scale)
+        else:
+            self._extend(q, k_buffer, v_buffer, o, batch.req_to_token, batch.req_pool_indices,
+                         batch.seq_lens, batch.extend_lens, batch.qo_start_loc, sm_scale)
+        return o
+
+
+def default_backend_name() -> str:
+    return "triton" if torch.cuda.is_available() else "torch"

@@ -1,0 +1,120 @@
+"""A Llama-style decoder whose attention reads and writes KV through the paged pool.
+
+Same maths as transformers' LlamaModel (RMSNorm, RoPE with the config's rope_parameters, GQA,
+SiLU MLP), over a flat [T, hidden] batch of ragged requests instead of [B, S, hidden].
+"""
+
+import torch
+from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from vlserve.memory.kv_pool import KVPool
+from vlserve.model.attention import AttentionBackend
+from vlserve.model.config import TextConfig
+from vlserve.model.forward_batch import ForwardBatch
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, hf_text_config, head_dim: int):
+        super().__init__()
+        with torch.device("cpu"):  # real even when the model is built on the meta device for loading
+            inv_freq = self._inv_freq(hf_text_config, head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def _inv_freq(self, hf_text_config, head_dim: int) -> torch.Tensor:
+        rope = getattr(hf_text_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
+        rope_type = rope.get("rope_type", "default")
+        if rope_type == "default":
+            inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            self.scaling = 1.0
+        else:
+            inv_freq, self.scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_text_config, "cpu")
+        return inv_freq
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, H, D]; cos/sin: [T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TextConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
+        self.sm_scale = cfg.head_dim ** -0.5
+
+    def forward(self, x, cos, sin, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend):
+        t = x.shape[0]
+        q = apply_rotary(self.q_proj(x).view(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        kv.write(self.layer_id, batch.out_cache_loc, k, v)
+        o = attn.forward(q, kv.k_buffers[self.layer_id], kv.v_buffers[self.layer_id], batch, self.sm_scale)
+        return self.o_proj(o.reshape(t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TextConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TextConfig, layer_id: int):
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_id)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, batch, kv, attn):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaDecoder(nn.Module):
+    """embed_tokens → layers → norm; the lm_head lives on the LLaVA wrapper (it may be tied)."""
+
+    def __init__(self, cfg: TextConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.hf_config, cfg.head_dim)
+
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend):
+        cos, sin = self.rotary(batch.positions, hidden.dtype)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, batch, kv, attn)
+        return self.norm(hidden)

@@ -1,0 +1,174 @@
+"""Tiny random LLaVA checkpoints in exactly the Hugging Face format, for tests and examples.
+
+`vlserve make-tiny-model DIR` writes config.json, safetensors weights, a byte-level BPE tokenizer
+trained here with the `tokenizers` library (with `<image>` and a chat template), and the
+processor configs, in a second or two. Nothing is downloaded.
+"""
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+IMAGE_TOKEN = "<image>"
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", IMAGE_TOKEN]
+
+# LLaVA-1.5 style: "USER: <image>\nWhat is this? ASSISTANT: It is a cat.</s>"
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '\\n' }}"
+    "{% else %}"
+    "{{ message['role'].upper() }}: "
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] in ('image', 'image_url') %}<image>{% if loop.last or message['content'][loop.index0 + 1]['type'] not in ('image', 'image_url') %}{{ '\\n' }}{% endif %}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% else %}{{ ' ' }}{% endif %}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+
+_CORPUS = """USER: What is in the image? ASSISTANT: A red circle on the left and a blue square.
+The quick brown fox jumps over the lazy dog. How many shapes are there? There are three shapes.
+What colour is the triangle? The triangle is green. Describe the picture in one sentence.
+A vision-language model answers questions about images and videos. Is the circle moving left or right?
+You are a helpful assistant. Hello! Hi! How can I help you today? {"name": "value", "count": 3}
+Please answer with yes or no. Yes. No. The first frame shows a yellow square; the last one is purple.
+"""
+
+
+@dataclass
+class TinyModelSpec:
+    vocab_size: int = 384
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int | None = None
+    tie_word_embeddings: bool = False
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    vision_hidden: int = 32
+    vision_layers: int = 2
+    vision_heads: int = 4
+    image_size: int = 32
+    patch_size: int = 8
+    vision_feature_layer: int | list[int] = -2
+    vision_feature_select_strategy: str = "default"
+    max_position_embeddings: int = 2048
+    dtype: str = "float32"
+
+
+def train_tokenizer(vocab_size: int, extra_text: str = ""):
+    """A byte-level BPE with the LLaVA special tokens, trained on a small corpus in well under a second."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([_CORPUS, extra_text], trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>", extra_special_tokens={"image_token": IMAGE_TOKEN},
+                                   chat_template=CHAT_TEMPLATE, model_max_length=4096)
+
+
+def build_hf_config(spec: TinyModelSpec, tokenizer):
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+    text = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim or spec.hidden_size // spec.num_heads,
+        max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=spec.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta, **(spec.rope_scaling or {})},
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    vision = CLIPVisionConfig(
+        hidden_size=spec.vision_hidden, intermediate_size=spec.vision_hidden * 2, num_hidden_layers=spec.vision_layers,
+        num_attention_heads=spec.vision_heads, image_size=spec.image_size, patch_size=spec.patch_size,
+        projection_dim=spec.vision_hidden)
+    n_patches = (spec.image_size // spec.patch_size) ** 2
+    return LlavaConfig(
+        vision_config=vision, text_config=text, image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_layer=spec.vision_feature_layer,
+        vision_feature_select_strategy=spec.vision_feature_select_strategy,
+        image_seq_length=n_patches + (spec.vision_feature_select_strategy == "full"),
+        tie_word_embeddings=spec.tie_word_embeddings)
+
+
+def save_processor(out_dir: str, spec: TinyModelSpec, tokenizer) -> None:
+    """preprocessor_config.json (CLIP resize + centre crop) and processor_config.json (LlavaProcessor).
+
+    LlavaProcessor expands <image> to (size/patch)^2 + num_additional_image_tokens - (1 if "default"),
+    so a CLIP tower (which adds a CLS token) needs num_additional_image_tokens=1.
+    """
+    image_processor = {
+        "image_processor_type": "CLIPImageProcessor", "do_resize": True,
+        "size": {"shortest_edge": spec.image_size}, "resample": 3, "do_center_crop": True,
+        "crop_size": {"height": spec.image_size, "width": spec.image_size}, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+    }
+    processor = {"processor_class": "LlavaProcessor", "patch_size": spec.patch_size,
+                 "vision_feature_select_strategy": spec.vision_feature_select_strategy,
+                 "num_additional_image_tokens": 1, "image_token": IMAGE_TOKEN}
+    for name, data in (("preprocessor_config.json", image_processor), ("processor_config.json", processor)):
+        with open(os.path.join(out_dir, name), "w") as f:
+            json.dump(data, f, indent=2)
+    with open(os.path.join(out_dir, "chat_template.jinja"), "w") as f:
+        f.write(CHAT_TEMPLATE)
+
+
+def make_tiny_model(out_dir: str, seed: int = 0, spec: TinyModelSpec | None = None,
+                    layout: str = "transformers", max_shard_size: str | None = None) -> str:
+    """Writes a random LLaVA checkpoint; layout "llava-hf" rewrites keys as the published checkpoints do."""
+    from transformers import LlavaForConditionalGeneration
+
+    spec = spec or TinyModelSpec()
+    os.makedirs(out_dir, exist_ok=True)
+    tokenizer = train_tokenizer(spec.vocab_size)
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(build_hf_config(spec, tokenizer)).to(getattr(torch, spec.dtype))
+    model.save_pretrained(out_dir, max_shard_size=max_shard_size or "10GB")
+    tokenizer.save_pretrained(out_dir)
+    save_processor(out_dir, spec, tokenizer)
+    if layout == "llava-hf":
+        rewrite_to_llava_hf_layout(out_dir)
+    elif layout != "transformers":
+        raise ValueError(f"unknown layout {layout!r}; use 'transformers' or 'llava-hf'")
+    return out_dir
+
+
+def rewrite_to_llava_hf_layout(ckpt_dir: str) -> None:
+    """Renames weights to the published llava-hf layout (`vision_tower.vision_model.*`)."""
+    from safetensors.torch import load_file, save_file
+
+    index_path = os.path.join(ckpt_dir, "model.safetensors.index.json")
+    files = (sorted(set(json.load(open(index_path))["weight_map"].values()))
+             if os.path.exists(index_path) else ["model.safetensors"])
+    renamed = {}
+    for name in files:
+        path = os.path.join(ckpt_dir, name)
+        tensors = {_llava_hf_key(k): v for k, v in load_file(path).items()}
+        save_file(tensors, path, metadata={"format": "pt"})
+        renamed.update({k: name for k in tensors})
+    if os.path.exists(index_path):
+        index = json.load(open(index_path))
+        index["weight_map"] = renamed
+        json.dump(index, open(index_path, "w"), indent=2)
+
+
+def _llava_hf_key(key: str) -> str:
+    if key.startswith("vision_tower.") and not key.startswith("vision_tower.vision_model."):
+        return "vision_tower.vision_model." + key[len("vision_tower."):]
+    return key

@@ -1,0 +1,42 @@
+"""The vision side of LLaVA: a CLIP ViT (transformers' class) and the two-layer MLP projector."""
+
+import torch
+from torch import nn
+from transformers import CLIPVisionModel
+from transformers.activations import ACT2FN
+
+from vlserve.model.config import ModelConfig
+
+
+class MultiModalProjector(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        layers = 1 if isinstance(cfg.vision_feature_layer, int) else len(cfg.vision_feature_layer)
+        vision_hidden, text_hidden = cfg.vision_hf_config.hidden_size, cfg.text.hidden_size
+        self.linear_1 = nn.Linear(vision_hidden * layers, text_hidden, bias=cfg.projector_bias)
+        self.act = ACT2FN[cfg.projector_hidden_act]
+        self.linear_2 = nn.Linear(text_hidden, text_hidden, bias=cfg.projector_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(self.act(self.linear_1(x)))
+
+
+class VisionEncoder(nn.Module):
+    """pixel_values [N, 3, H, W] → image embeddings [N, tokens_per_image, text_hidden]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.vision_tower = CLIPVisionModel(cfg.vision_hf_config)
+        self.multi_modal_projector = MultiModalProjector(cfg)
+
+    @torch.inference_mode()
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        dtype = self.multi_modal_projector.linear_1.weight.dtype
+        out = self.vision_tower(pixel_values.to(dtype), output_hidden_states=True)
+        layers = self.cfg.vision_feature_layer
+        layers = (layers,) if isinstance(layers, int) else layers
+        feats = [out.hidden_states[i] for i in layers]
+        if self.cfg.vision_feature_select_strategy == "default":
+            feats = [f[:, 1:] for f in feats]  # drop CLS
+        return self.multi_modal_projector(torch.cat(feats, dim=-1))
