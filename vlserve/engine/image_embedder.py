@@ -1,0 +1,53 @@
+"""Image embeddings for the placeholder rows of a forward: vision cache first, then the tower.
+
+The vision tower runs only for images whose rows are being computed in this forward (their KV is
+not cached) and whose embedding is not in the vision-embedding cache; all of a step's misses go
+through the tower in one batch.
+"""
+
+import numpy as np
+import torch
+
+from vlserve.cache.vision_cache import VisionEmbeddingCache
+from vlserve.engine.model_runner import ModelRunner
+from vlserve.engine.request import Req
+from vlserve.metrics import Metrics
+
+
+class ImageEmbedder:
+    def __init__(self, runner: ModelRunner, cache: VisionEmbeddingCache, metrics: Metrics):
+        self.runner, self.cache, self.metrics = runner, cache, metrics
+
+    def prepare(self, work: list[tuple[Req, int, int]]) -> dict[bytes, torch.Tensor]:
+        """Embeddings of every image overlapping each (req, start, end) range of positions."""
+        found, missing = {}, {}
+        for req, start, end in work:
+            for span in req.images:
+                if span.start < end and span.end > start and span.content_hash not in found:
+                    emb = self.cache.get(span.content_hash)
+                    if emb is None:
+                        missing[span.content_hash] = span
+                    else:
+                        found[span.content_hash] = emb
+                        self.metrics.vision_cache_hits.inc()
+        if missing:
+            spans = list(missing.values())
+            pixels = torch.from_numpy(np.stack([np.asarray(s.pixel_values) for s in spans]))
+            embeds = self.runner.encode_images(pixels)
+            self.metrics.vision_encoder_images.inc(len(spans))
+            for span, emb in zip(spans, embeds):
+                found[span.content_hash] = emb
+                self.cache.put(span.content_hash, emb)
+        return found
+
+    @staticmethod
+    def rows_and_embeds(req: Req, start: int, end: int, embeds: dict[bytes, torch.Tensor]
+                        ) -> tuple[list[int], torch.Tensor | None]:
+        """Rows (relative to start) of image positions in [start, end) and their embeddings."""
+        rows, parts = [], []
+        for span in req.images:
+            lo, hi = max(start, span.start), min(end, span.end)
+            if lo < hi:
+                rows.extend(range(lo - start, hi - start))
+                parts.append(embeds[span.content_hash][lo - span.start:hi - span.start])
+        return rows, (torch.cat(parts) if parts else None)

@@ -1,0 +1,48 @@
+"""Turns a request's StepOutputs into results: incremental detokenization, stop-string trimming."""
+
+from dataclasses import dataclass, field
+
+from vlserve.engine.request import StepOutput
+
+
+@dataclass
+class OutputAssembler:
+    tokenizer: object
+    stop: list[str]
+    skip_special_tokens: bool = True
+    return_logprob: bool = False
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    sent_text: str = ""
+
+    def update(self, out: StepOutput) -> dict:
+        """Applies one step; returns a chunk {text, delta, output_ids, finished, meta_info}."""
+        if out.replace_from is not None:
+            del self.ids[out.replace_from:]
+            del self.logprobs[out.replace_from:]
+        self.ids.extend(out.new_ids)
+        self.logprobs.extend(out.new_logprobs)
+        text = self._text(final=out.finished)
+        # Jump-forward retokenisation can rewrite tokens but never the text already sent.
+        delta = text[len(self.sent_text):] if text.startswith(self.sent_text) else ""
+        self.sent_text = text if text.startswith(self.sent_text) else self.sent_text
+        meta = dict(out.meta)
+        if self.return_logprob:
+            meta["output_token_logprobs"] = list(zip(self.logprobs, self.ids))
+        chunk = {"text": self.sent_text, "delta": delta, "output_ids": list(self.ids), "finished": out.finished,
+                 "meta_info": meta}
+        if out.error:
+            chunk["error"] = out.error
+        return chunk
+
+    def _text(self, final: bool) -> str:
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special_tokens)
+        cut = min((text.find(s) for s in self.stop if s in text), default=-1)
+        if cut >= 0:
+            return text[:cut]
+        if not final:
+            if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its next byte
+                text = text.rstrip("\ufffd")
+            held = max((len(s) - 1 for s in self.stop), default=0)  # might be the start of a stop string
+            text = text[:len(text) - held] if held else text
+        return text

@@ -1,0 +1,71 @@
+"""Sampling parameters of one request, validated once at submission."""
+
+from dataclasses import dataclass, field, fields
+
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses; the message names the field and the problem (HTTP 400)."""
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128  # 0 = prefill and cache only (SGLang's prefix hint)
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off
+    min_p: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    regex: str | None = None
+    json_schema: str | None = None
+    skip_special_tokens: bool = True
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "SamplingParams":
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InvalidRequest(f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}")
+        if isinstance(d.get("stop"), str):
+            d["stop"] = [d["stop"]]
+        if d.get("json_schema") is not None and not isinstance(d["json_schema"], str):
+            import json
+            d["json_schema"] = json.dumps(d["json_schema"])
+        params = cls(**{k: v for k, v in d.items() if v is not None or k in ("seed", "regex", "json_schema")})
+        params.validate()
+        return params
+
+    def validate(self) -> None:
+        def need(ok: bool, msg: str):
+            if not ok:
+                raise InvalidRequest(msg)
+
+        need(_is_int(self.max_new_tokens) and self.max_new_tokens >= 0,
+             f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens!r}")
+        need(_is_num(self.temperature) and self.temperature >= 0, f"temperature must be >= 0, got {self.temperature!r}")
+        need(_is_num(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
+        need(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), f"top_k must be -1 or >= 1, got {self.top_k!r}")
+        need(_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
+        need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
+             "stop must be a string or a list of non-empty strings")
+        need(isinstance(self.stop_token_ids, list) and all(_is_int(t) for t in self.stop_token_ids),
+             "stop_token_ids must be a list of integers")
+        need(isinstance(self.ignore_eos, bool), "ignore_eos must be a boolean")
+        need(self.seed is None or _is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        need(self.regex is None or isinstance(self.regex, str), "regex must be a string")
+        need(not (self.regex and self.json_schema), "give either regex or json_schema, not both")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)

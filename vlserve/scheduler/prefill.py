@@ -1,0 +1,61 @@
+"""Admission of waiting requests into this step's prefill, under the token and memory budgets.
+
+Requests are taken in policy order and admission stops at the first that does not fit, so the
+policy's order (lpm = a DFS of the radix tree) is what the cache sees. Memory: an admitted request
+needs slots for the tokens it prefills now plus a reserve for its decode (remaining new tokens ×
+new_token_ratio); the running requests' reserves are held back the same way. Retraction is the
+safety valve when the estimate is too low.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from vlserve.engine.request import Req
+from vlserve.scheduler.cache_manager import CacheManager
+from vlserve.scheduler.policy import SchedulePolicy
+
+
+@dataclass
+class PlannedExtend:
+    req: Req
+    num_tokens: int
+    slots: torch.Tensor
+
+
+class PrefillAdmission:
+    def __init__(self, cm: CacheManager, policy: SchedulePolicy, new_token_ratio: float,
+                 max_running_requests: int, prefix_share_threshold: int):
+        self.cm, self.policy = cm, policy
+        self.new_token_ratio = new_token_ratio
+        self.max_running_requests = max_running_requests
+        self.prefix_share_threshold = prefix_share_threshold
+
+    def reserve(self, req: Req) -> int:
+        return int(req.remaining_new_tokens * self.new_token_ratio + 0.999)
+
+    def admit(self, waiting: list[Req], running: list[Req], token_budget: int) -> list[PlannedExtend]:
+        """Moves admitted requests from waiting to running; returns their first extends."""
+        ordered = self.policy.order(waiting)
+        if not self.cm.cache.disabled and self.prefix_share_threshold > 0:
+            ordered, _ = self.policy.defer_shared_prefix(ordered, self.prefix_share_threshold)
+        reserved = sum(self.reserve(r) for r in running)
+        planned = []
+        for req in ordered:
+            if token_budget <= 0 or len(running) >= self.max_running_requests:
+                break
+            if not self.cm.admit(req):
+                break
+            n = min(req.pending_len, token_budget)
+            need = self.cm.allocator.slots_needed(req.kv_len, n)
+            if n == req.pending_len:
+                need += self.reserve(req)
+            if need > self.cm.available_slots() - reserved:
+                self.cm.release(req)
+                break
+            planned.append(PlannedExtend(req, n, self.cm.alloc(req, n)))
+            waiting.remove(req)
+            running.append(req)
+            token_budget -= n
+            reserved += self.reserve(req)
+        return planned
