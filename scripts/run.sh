@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Sets up everything vlserve needs from a bare clone, then runs it.
+#
+#   scripts/run.sh serve [vlserve serve flags]   # the server on the built-in model, 127.0.0.1:30000
+#   scripts/run.sh test  [pytest args]           # the test suite
+#   scripts/run.sh setup                         # only the virtual environment
+#
+# The virtual environment is .venv (override with VLSERVE_VENV). Without a GPU it installs the CPU
+# build of torch (torch==2.13.0, which these machines keep on local disk); with one, the CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VLSERVE_VENV:-.venv}
+PY=${PYTHON:-python3}
+
+setup() {
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  local pip="$VENV/bin/python -m pip"
+  local stamp="$VENV/.vlserve-installed" want
+  want=$(cat pyproject.toml | sha1sum | cut -d' ' -f1)
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
+  $pip install -q --upgrade pip >/dev/null
+  if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+      $pip install -q "torch==2.13.0"                      # CUDA build from PyPI
+    else
+      $pip install -q "torch==2.13.0"                      # the CPU build kept on these machines' disk
+    fi
+  fi
+  $pip install -q -e ".[dev]"
+  echo "$want" > "$stamp"
+}
+
+cmd=${1:-serve}; shift || true
+case "$cmd" in
+  setup) setup ;;
+  serve) setup; exec "$VENV/bin/vlserve" serve "$@" ;;
+  test)  setup; exec "$VENV/bin/python" -m pytest -q "$@" ;;
+  *) echo "usage: scripts/run.sh serve|test|setup [args]" >&2; exit 2 ;;
+esac

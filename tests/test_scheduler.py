@@ -1,0 +1,84 @@
+"""Scheduler behaviour driven step by step: aging bounds waiting under lpm, in-batch prefix sharing."""
+
+import pytest
+
+from vlserve import Engine
+from vlserve.model.tiny import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(str(tmp_path_factory.mktemp("sched")), seed=11)
+
+
+def _stepped_engine(model_dir, **kwargs) -> Engine:
+    """An engine whose loop thread is stopped, so the test drives scheduler.step() itself."""
+    engine = Engine(model_dir, max_total_tokens=4096, **kwargs)
+    engine.shutdown()
+    return engine
+
+
+def _finished_step(engine, req, max_steps=200):
+    for step in range(max_steps):
+        if req.finished:
+            return step
+        engine.scheduler.step()
+    raise AssertionError("request never finished")
+
+
+@pytest.mark.parametrize("max_wait_steps", [3, 8])
+def test_aging_bounds_the_wait_of_a_request_with_no_cache_hit(model_dir, max_wait_steps):
+    engine = _stepped_engine(model_dir, schedule_policy="lpm", max_running_requests=1,
+                             max_wait_steps=max_wait_steps)
+    sched = engine.scheduler
+    hot = "USER: a shared prefix that is already in the cache, asked again and again. Q"
+    warm = engine.make_request(prompt=hot, sampling_params={"max_new_tokens": 1})
+    sched.add(warm)
+    _finished_step(engine, warm)
+    cold = engine.make_request(prompt="Completely unrelated words", sampling_params={"max_new_tokens": 1})
+    sched.add(cold)
+    admitted_at = None
+    for step in range(4 * max_wait_steps + 10):
+        # a new high-hit request every step: lpm alone would always prefer it over `cold`
+        sched.add(engine.make_request(prompt=hot + str(step), sampling_params={"max_new_tokens": 1}))
+        sched.step()
+        if cold.finished:
+            admitted_at = step
+            break
+    assert admitted_at is not None, "the request with no cache hit starved"
+    assert admitted_at <= max_wait_steps + 1
+    assert admitted_at >= max_wait_steps - 1  # and before its deadline lpm did prefer the cache hits
+
+
+def test_lpm_without_aging_pressure_prefers_cache_hits(model_dir):
+    engine = _stepped_engine(model_dir, schedule_policy="lpm", max_running_requests=1, max_wait_steps=1000)
+    sched = engine.scheduler
+    hot = "USER: a shared prefix that is already in the cache. Q"
+    warm = engine.make_request(prompt=hot, sampling_params={"max_new_tokens": 1})
+    sched.add(warm)
+    _finished_step(engine, warm)
+    cold = engine.make_request(prompt="Completely unrelated words", sampling_params={"max_new_tokens": 1})
+    hits = [engine.make_request(prompt=hot + str(i), sampling_params={"max_new_tokens": 1}) for i in range(3)]
+    for r in [cold] + hits:
+        sched.add(r)
+    order = []
+    for _ in range(10):
+        sched.step()
+        order += [r for r in [cold] + hits if r.finished and r not in order]
+    assert order[-1] is cold
+
+
+def test_in_batch_prefix_sharing_computes_a_shared_prefix_once(model_dir):
+    engine = _stepped_engine(model_dir, schedule_policy="fcfs")
+    shared = "USER: " + " ".join(f"word{i}" for i in range(40)) + " question "
+    reqs = [engine.make_request(prompt=shared + str(i), sampling_params={"max_new_tokens": 1}) for i in range(4)]
+    for r in reqs:
+        engine.scheduler.add(r)
+    engine.scheduler.step()
+    assert reqs[0].finished and not any(r.finished for r in reqs[1:])  # the others waited one round
+    for _ in range(3):
+        engine.scheduler.step()
+    assert all(r.finished for r in reqs)
+    prefix = len(engine.make_request(prompt=shared, sampling_params={}).input_ids)
+    assert all(r.cached_tokens >= prefix - 1 for r in reqs[1:])
+    engine.scheduler.cm.check_idle_accounting()

@@ -1,0 +1,81 @@
+"""The `vlserve` command: serve, generate, make-tiny-model, videoqa, bench."""
+
+import argparse
+import json
+import sys
+
+from vlserve.server_args import ServerArgs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vlserve", description="Serve vision-language models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the HTTP server (OpenAI-compatible + native routes)")
+    ServerArgs.add_cli_args(serve)
+
+    gen = sub.add_parser("generate", help="answer one prompt (with images/videos) offline and print the result")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--image", action="append", default=[], help="image file (repeatable)")
+    gen.add_argument("--video", action="append", default=[], help="video file (repeatable)")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    ServerArgs.add_cli_args(gen)
+
+    tiny = sub.add_parser("make-tiny-model", help="write a tiny random LLaVA checkpoint (Hugging Face format)")
+    tiny.add_argument("dir")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--layout", choices=["transformers", "llava-hf"], default="transformers")
+
+    for name, module in (("videoqa", "vlserve.bench.videoqa"), ("bench", "vlserve.bench.cli")):
+        p = sub.add_parser(name, help=f"see `vlserve {name} --help`", add_help=False)
+        p.set_defaults(module=module)
+
+    args, rest = parser.parse_known_args(argv)
+    if args.command in ("videoqa", "bench"):
+        import importlib
+        return importlib.import_module(args.module).main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "serve":
+        from vlserve.server.app import run_server
+        return run_server(ServerArgs.from_cli(args)) or 0
+    if args.command == "generate":
+        return _generate(args)
+    if args.command == "make-tiny-model":
+        from vlserve.model.tiny import make_tiny_model
+        print(make_tiny_model(args.dir, seed=args.seed, layout=args.layout))
+        return 0
+    return 2
+
+
+def _generate(args) -> int:
+    from vlserve import Engine
+    from vlserve.preprocess import MediaError
+    from vlserve.sampling.params import InvalidRequest
+
+    server_args = ServerArgs.from_cli(args)
+    engine_kwargs = {k: v for k, v in vars(server_args).items() if k not in ("model", "host", "port", "api_key")}
+    allowed = server_args.allowed_media_path or "/"
+    engine_kwargs["allowed_media_path"] = allowed  # files named on the command line are the user's own
+    with Engine(server_args.model, **engine_kwargs) as engine:
+        prompt = args.prompt
+        if args.chat:
+            parts = [{"type": "image"} for _ in args.image] + [{"type": "text", "text": "<video>"} for _ in args.video]
+            parts.append({"type": "text", "text": prompt})
+            prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": parts}],
+                                                          add_generation_prompt=True, tokenize=False)
+        try:
+            out = engine.generate(prompt=prompt, image_data=args.image or None, video_data=args.video or None,
+                                  sampling_params={"max_new_tokens": args.max_new_tokens,
+                                                   "temperature": args.temperature})
+        except (InvalidRequest, MediaError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
