@@ -113,6 +113,12 @@ def test_retraction_happens_under_pressure(model_dir):
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in alone]
 
 
+def test_triton_backend_matches_torch_backend(model_dir, reference):
+    """The paged Triton kernels (in the interpreter on CPU) give the torch backend's greedy output."""
+    outs, _ = _run(model_dir, attention_backend="triton", page_size=4, chunked_prefill_size=16)
+    assert [o["output_ids"] for o in outs] == reference
+
+
 def test_chunked_prefill_matches(model_dir, reference):
     outs, _ = _run(model_dir, chunked_prefill_size=7)
     assert [o["output_ids"] for o in outs] == reference

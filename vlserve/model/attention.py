@@ -18,7 +18,8 @@ class AttentionBackend:
             self._decode, self._extend = kernels.decode_attention_ref, kernels.extend_attention_ref
         elif name == "triton":
             if not kernels.triton_available():
-                raise ValueError("--attention-backend triton needs the triton package")
+                raise ValueError("--attention-backend triton needs the triton package and a CUDA GPU "
+                                 "(or TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter)")
             self._decode, self._extend = kernels.decode_attention, kernels.extend_attention
         else:
             raise ValueError(f"unknown attention backend {name!r}; use 'torch' or 'triton'")
