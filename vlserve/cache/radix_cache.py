@@ -296,7 +296,7 @@ class RadixCache:
         matched = 0
         while tokens[start + matched] == edge[matched]:
             matched += 1
-        return matched
+        return matched - matched % self.page_size
 
     def _child_key(self, tokens: list[int], start: int):
         if self.page_size == 1:

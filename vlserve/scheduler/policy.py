@@ -34,7 +34,7 @@ POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
 class WaitingReq(Protocol):
     key: list[int]  # the full prompt key
     arrival_step: int
-    matched_len: int  # written by the policy: cached prefix length at ordering time
+    matched_len: int  # written by lpm, dfs-weight and defer_shared_prefix: cached prefix length
 
 
 class _DiscardSlots:

@@ -1,0 +1,295 @@
+import pytest
+import torch
+
+from vlserve.cache.radix_cache import RadixCache
+
+
+class FreeList:
+    """A plain slot free list; remembers what it got back, in order."""
+
+    def __init__(self, capacity: int = 1024):
+        self.free_slots = list(range(capacity - 1, -1, -1))
+        self.freed: list[int] = []
+
+    def alloc(self, n: int) -> torch.Tensor:
+        assert n <= len(self.free_slots), "test pool exhausted"
+        return torch.tensor([self.free_slots.pop() for _ in range(n)], dtype=torch.int64)
+
+    def free(self, indices: torch.Tensor) -> None:
+        self.freed.extend(indices.tolist())
+        self.free_slots.extend(indices.tolist())
+
+
+def serve(cache: RadixCache, pool: FreeList, key: list[int]) -> None:
+    """What the scheduler does for one request: match, lock, allocate the rest, insert, unlock."""
+    match = cache.match_prefix(key)
+    cache.lock(match.node)
+    fresh = pool.alloc(len(key) - match.prefix_len)
+    assert cache.insert(key, torch.cat([match.indices, fresh])) == match.prefix_len
+    cache.unlock(match.node)
+
+
+def evict_edges(cache: RadixCache, pool: FreeList, num_tokens: int) -> list[tuple[int, ...]]:
+    """Evicts and returns the edges that went, in eviction order."""
+    edge_of_slot = {s: tuple(n.key) for n in cache.iter_nodes() for s in n.value.tolist()}
+    start = len(pool.freed)
+    cache.evict(num_tokens)
+    edges: list[tuple[int, ...]] = []
+    for slot in pool.freed[start:]:
+        if not edges or edges[-1] != edge_of_slot[slot]:
+            edges.append(edge_of_slot[slot])
+    return edges
+
+
+# Figure 3 of the SGLang paper, with short integer runs standing for the strings.
+SYS = [1, 2, 3]  # "You are a helpful assistant."
+HELLO = [10, 11, 12]  # "User: Hello! Assistant: Hi!"
+SOLVE = [13, 14, 15]  # "User: Solve this problem. Assistant: Sure! ..."
+NEXT = [16, 17]  # the first session's next message
+WHAT = [20, 21, 22]  # "User: What can you do? Assistant: I can ..."
+STORY = [23, 24, 25]  # "User: Write a story. Assistant: Sure! ..."
+SHOTS = [30, 31, 32, 33]  # "Question 1: ... Answer 1: ... Question 2: ... Answer 2: ..."
+Q_I, Q_J, Q_K, Q_L = [40, 41], [42, 43], [44, 45], [46, 47]  # the few-shot queries' questions
+
+
+def t(*runs: list[int]) -> tuple[int, ...]:
+    return tuple(tok for run in runs for tok in run)
+
+
+def test_paper_figure_3_trace():
+    pool = FreeList()
+    cache = RadixCache(pool)
+    # (1) empty
+    assert cache.shape() == {} and cache.total_size() == 0
+    # (2) one chat turn, one edge
+    serve(cache, pool, SYS + HELLO)
+    assert cache.shape() == {t(SYS, HELLO): {}}
+    # (3) the session continues: the new turn becomes a child
+    serve(cache, pool, SYS + HELLO + SOLVE)
+    assert cache.shape() == {t(SYS, HELLO): {t(SOLVE): {}}}
+    # (4) a second session shares the system prompt: the first edge splits
+    serve(cache, pool, SYS + WHAT)
+    assert cache.shape() == {t(SYS): {t(HELLO): {t(SOLVE): {}}, t(WHAT): {}}}
+    # (5) the second session continues under memory pressure: the LRU leaf (SOLVE) goes
+    match = cache.match_prefix(SYS + WHAT + STORY)
+    cache.lock(match.node)
+    assert evict_edges(cache, pool, 3) == [t(SOLVE)]
+    cache.insert(SYS + WHAT + STORY, torch.cat([match.indices, pool.alloc(3)]))
+    cache.unlock(match.node)
+    assert cache.shape() == {t(SYS): {t(HELLO): {}, t(WHAT): {t(STORY): {}}}}
+    # (6) a few-shot query shares nothing: a new child of the root
+    serve(cache, pool, SHOTS + Q_I)
+    assert cache.shape()[t(SHOTS, Q_I)] == {}
+    # (7) more few-shot queries share the examples: that edge splits, one leaf per question
+    for question in (Q_J, Q_K, Q_L):
+        serve(cache, pool, SHOTS + question)
+    assert cache.shape() == {
+        t(SYS): {t(HELLO): {}, t(WHAT): {t(STORY): {}}},
+        t(SHOTS): {t(Q_I): {}, t(Q_J): {}, t(Q_K): {}, t(Q_L): {}},
+    }
+    assert cache.total_size() == 3 + 3 + 3 + 3 + 4 + 4 * 2
+    # (8) the first session comes back; the second session's nodes are the least recently used
+    # (leaf first, then its parent once it has become a leaf)
+    key = SYS + HELLO + SOLVE + NEXT  # its history: the evicted turn is computed again
+    match = cache.match_prefix(key)
+    assert match.prefix_len == 6
+    cache.lock(match.node)
+    assert evict_edges(cache, pool, 6) == [t(STORY), t(WHAT)]
+    cache.insert(key, torch.cat([match.indices, pool.alloc(5)]))
+    cache.unlock(match.node)
+    assert cache.shape() == {
+        t(SYS): {t(HELLO): {t(SOLVE, NEXT): {}}},
+        t(SHOTS): {t(Q_I): {}, t(Q_J): {}, t(Q_K): {}, t(Q_L): {}},
+    }
+    # (9) more samples for question j: its path is locked while they run; i, k, l go in LRU order
+    running = cache.match_prefix(SHOTS + Q_J)
+    cache.lock(running.node)
+    assert evict_edges(cache, pool, 6) == [t(Q_I), t(Q_K), t(Q_L)]
+    samples = []
+    for answer in ([50], [51]):
+        key = SHOTS + Q_J + answer
+        cache.insert(key, torch.cat([running.indices, pool.alloc(1)]))
+        samples.append(cache.match_prefix(key))
+        cache.lock(samples[-1].node)
+    assert cache.shape() == {
+        t(SYS): {t(HELLO): {t(SOLVE, NEXT): {}}},
+        t(SHOTS): {t(Q_J): {(50,): {}, (51,): {}}},
+    }
+    # everything unlocked can go; the locked few-shot branch stays
+    assert evict_edges(cache, pool, 10**6) == [t(SOLVE, NEXT), t(HELLO), t(SYS)]
+    assert cache.shape() == {t(SHOTS): {t(Q_J): {(50,): {}, (51,): {}}}}
+    assert (cache.protected_size(), cache.evictable_size()) == (8, 0)
+    cache.unlock(running.node)
+    for sample in samples:
+        cache.unlock(sample.node)
+    assert (cache.protected_size(), cache.evictable_size()) == (0, 8)
+    cache.check_integrity()
+
+
+def test_split_keeps_lock_on_new_parent():
+    pool = FreeList()
+    cache = RadixCache(pool)
+    cache.insert([1, 2, 3, 4], pool.alloc(4))
+    held = cache.match_prefix([1, 2, 3, 4])
+    cache.lock(held.node)
+    other = cache.match_prefix([1, 2, 9])  # splits [1 2 3 4] into [1 2] + [3 4]
+    assert other.prefix_len == 2
+    assert cache.shape() == {(1, 2): {(3, 4): {}}}
+    assert other.node.lock_ref == 1 and held.node.lock_ref == 1
+    assert other.node is held.node.parent
+    assert cache.evict(100) == 0 and pool.freed == []
+    cache.unlock(held.node)
+    assert other.node.lock_ref == 0
+    assert (cache.evictable_size(), cache.protected_size()) == (4, 0)
+    cache.check_integrity()
+
+
+def test_lock_unlock_sizes():
+    pool = FreeList()
+    cache = RadixCache(pool)
+    cache.insert([1, 2, 3], pool.alloc(3))
+    cache.insert([1, 2, 3, 4, 5], torch.cat([cache.match_prefix([1, 2, 3]).indices, pool.alloc(2)]))
+    cache.insert([7, 8], pool.alloc(2))
+    assert (cache.total_size(), cache.evictable_size(), cache.protected_size()) == (7, 7, 0)
+    deep = cache.match_prefix([1, 2, 3, 4, 5]).node
+    shallow = cache.match_prefix([1, 2, 3]).node
+    cache.lock(deep)
+    assert (cache.evictable_size(), cache.protected_size()) == (2, 5)
+    cache.lock(shallow)  # a second holder of [1 2 3] protects nothing new
+    assert (cache.evictable_size(), cache.protected_size()) == (2, 5)
+    cache.unlock(deep)
+    assert (cache.evictable_size(), cache.protected_size()) == (4, 3)
+    cache.unlock(shallow)
+    assert (cache.evictable_size(), cache.protected_size()) == (7, 0)
+    with pytest.raises(AssertionError):
+        cache.unlock(shallow)
+    cache.lock(cache.root)  # the root is always protected: a no-op
+    cache.unlock(cache.root)
+    cache.check_integrity()
+
+
+def test_page_size_4_matches_whole_pages_only():
+    pool = FreeList()
+    cache = RadixCache(pool, page_size=4)
+    key = list(range(10))
+    slots = pool.alloc(10)
+    assert cache.insert(key, slots) == 0
+    assert cache.shape() == {tuple(range(8)): {}}  # the partial last page is not cached
+    assert cache.total_size() == 8
+    assert cache.match_prefix(key).indices.tolist() == slots[:8].tolist()
+    assert cache.match_prefix(list(range(7))).prefix_len == 4  # 7 tokens: one whole page
+    assert cache.shape() == {(0, 1, 2, 3): {(4, 5, 6, 7): {}}}  # split on the page boundary
+    assert cache.match_prefix([0, 1, 2, 9, 4, 5, 6, 7]).prefix_len == 0  # first page differs
+    diverge = [0, 1, 2, 3, 4, 5, 99, 7]  # differs inside the second page
+    assert cache.peek_prefix_len(diverge) == 4
+    assert cache.insert(diverge, pool.alloc(8)) == 4
+    assert cache.shape() == {(0, 1, 2, 3): {(4, 5, 6, 7): {}, (4, 5, 99, 7): {}}}
+    assert cache.insert([0, 1, 2], pool.alloc(3)) == 0 and cache.total_size() == 12
+    cache.check_integrity()
+
+
+def test_insert_returns_prefix_already_cached_and_never_frees():
+    pool = FreeList()
+    cache = RadixCache(pool)
+    a = pool.alloc(3)
+    assert cache.insert([1, 2, 3], a) == 0
+    b = pool.alloc(5)  # a caller that did not match first: its first 3 slots are duplicates
+    assert cache.insert([1, 2, 3, 4, 5], b) == 3
+    # the tree keeps the older slots for the shared prefix and takes the caller's for the rest
+    assert cache.match_prefix([1, 2, 3, 4, 5]).indices.tolist() == a.tolist() + b[3:].tolist()
+    assert cache.insert([1, 2], pool.alloc(2)) == 2  # fully cached: stores nothing, splits
+    assert cache.shape() == {(1, 2): {(3,): {(4, 5): {}}}}
+    assert cache.insert([1, 2, 7], pool.alloc(3)) == 2
+    assert cache.total_size() == 6 and pool.freed == []
+    with pytest.raises(ValueError, match="indices"):
+        cache.insert([1, 2, 3], pool.alloc(2))
+    cache.check_integrity()
+
+
+def test_evict_never_touches_a_locked_node():
+    pool = FreeList()
+    cache = RadixCache(pool)
+    old = pool.alloc(2)
+    cache.insert([1, 2], old)  # least recently used, but locked
+    cache.lock(cache.match_prefix([1, 2]).node)
+    cache.insert([3, 4], pool.alloc(2))
+    cache.insert([5, 6], pool.alloc(2))
+    cache.match_prefix([3, 4])  # [5 6] is now the least recently used unlocked leaf
+    assert evict_edges(cache, pool, 1) == [(5, 6)]
+    assert evict_edges(cache, pool, 100) == [(3, 4)]
+    assert cache.shape() == {(1, 2): {}}
+    assert not set(old.tolist()) & set(pool.freed)
+    cache.check_integrity()
+
+
+def test_parent_is_evicted_after_its_last_child():
+    pool = FreeList()
+    cache = RadixCache(pool)
+    for key in ([1, 2, 3], [1, 2, 4], [9, 9]):
+        serve(cache, pool, key)
+    cache.match_prefix([9, 9])  # newest
+    assert cache.shape() == {(1, 2): {(3,): {}, (4,): {}}, (9, 9): {}}
+    # [1 2] is not a leaf while a child remains; it becomes one, older than [9 9]
+    assert evict_edges(cache, pool, 3) == [(3,), (4,), (1, 2)]
+    assert cache.shape() == {(9, 9): {}}
+    assert cache.evictable_size() == 2
+    cache.check_integrity()
+
+
+def test_peek_neither_splits_nor_refreshes():
+    pool = FreeList()
+    cache = RadixCache(pool)
+    serve(cache, pool, [1, 2, 3])
+    serve(cache, pool, [5, 6])
+    assert cache.peek_prefix_len([1, 2, 8]) == 2
+    assert cache.peek_prefix_len([1, 2, 3, 4]) == 3
+    assert cache.shape() == {(1, 2, 3): {}, (5, 6): {}}
+    assert evict_edges(cache, pool, 1) == [(1, 2, 3)]  # still the least recently used
+
+
+def test_evicted_handle_cannot_be_locked():
+    pool = FreeList()
+    cache = RadixCache(pool)
+    serve(cache, pool, [1, 2])
+    node = cache.match_prefix([1, 2]).node
+    cache.evict(2)
+    with pytest.raises(ValueError, match="no longer in the tree"):
+        cache.lock(node)
+
+
+def test_reset_frees_everything():
+    pool = FreeList()
+    cache = RadixCache(pool)
+    serve(cache, pool, [1, 2, 3])
+    serve(cache, pool, [1, 5])
+    cache.lock(cache.match_prefix([1, 5]).node)
+    cache.reset()
+    assert sorted(pool.freed) == [0, 1, 2, 3]
+    assert cache.shape() == {} and cache.total_size() == 0
+    assert cache.match_prefix([1, 2, 3]).prefix_len == 0
+    cache.check_integrity()
+
+
+def test_disabled_cache_never_matches_or_stores():
+    pool = FreeList()
+    cache = RadixCache(pool, disabled=True)
+    assert cache.insert([1, 2, 3], pool.alloc(3)) == 0
+    match = cache.match_prefix([1, 2, 3])
+    assert match.prefix_len == 0 and match.node is cache.root
+    cache.lock(match.node)
+    cache.unlock(match.node)
+    assert cache.total_size() == 0 and cache.evict(10) == 0 and pool.freed == []
+
+
+def test_pretty_lists_every_edge():
+    pool = FreeList()
+    cache = RadixCache(pool)
+    serve(cache, pool, [1, 2, 3])
+    serve(cache, pool, [1, 2, 4])
+    lines = cache.pretty().splitlines()
+    assert [line.split(" lock")[0] for line in lines] == ["[1, 2]", "  [3]", "  [4]"]
+
+
+def test_bad_page_size():
+    with pytest.raises(ValueError, match="page_size"):
+        RadixCache(FreeList(), page_size=0)
