@@ -12,6 +12,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator
@@ -28,6 +29,8 @@ from vlserve.model.builtin import builtin_model_path
 from vlserve.model.loader import load_model
 from vlserve.preprocess import DEFAULT_NUM_FRAMES, ImageProcessing, MediaLimits, check_image_count, prepare_image, prepare_video
 from vlserve.sampling.params import InvalidRequest, SamplingParams
+from vlserve.constrained import ConstraintCompiler
+from vlserve.scheduler.constraints import ConstraintHooks
 from vlserve.scheduler.finish import FinishChecker
 from vlserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from vlserve.server_args import ServerArgs
@@ -63,26 +66,25 @@ class Engine:
             self.runner,
             SchedulerConfig(args.schedule_policy, args.disable_radix_cache, args.chunked_prefill_size,
                             args.max_running_requests, args.new_token_ratio, args.max_wait_steps,
-                            vision_cache_mb=args.vision_cache_mb),
+                            args.prefix_share_threshold, args.vision_cache_mb),
             self.metrics, FinishChecker(self.tokenizer, eos), constraints=self._constraint_hooks())
         self.context_len = self.runner.context_len
         self._inbox: queue.Queue[list[Req]] = queue.Queue()
         self._stop = threading.Event()
         self._ids = itertools.count()
         self.media_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vlserve-media")
+        self.loop_heartbeat = time.monotonic()  # written by the loop every iteration; read by /health
         self._thread = threading.Thread(target=self._loop, name="vlserve-engine", daemon=True)
         self._thread.start()
 
-    def _constraint_hooks(self):
-        try:
-            from vlserve.constrained.engine_hooks import ConstraintHooks
-        except ImportError:
-            return None
-        return ConstraintHooks(self.tokenizer, self.runner.vocab_size, jump_forward=not self.args.disable_jump_forward)
+    def _constraint_hooks(self) -> ConstraintHooks:
+        self.constraint_compiler = ConstraintCompiler(self.tokenizer)
+        return ConstraintHooks(jump_forward=not self.args.disable_jump_forward)
 
     # ---- the loop (its own thread) -------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self.loop_heartbeat = time.monotonic()
             try:
                 self._drain_inbox(block=self.scheduler.idle)
                 self.scheduler.step()
@@ -107,8 +109,11 @@ class Engine:
                      image_data: list | None = None, video_data: list | None = None,
                      sampling_params: dict | SamplingParams | None = None, return_logprob: bool = False,
                      logprob_start_len: int = -1, rid: str | None = None, video_num_frames: int | None = None,
-                     video_fps: float | None = None) -> Req:
-        """Validates, decodes media, tokenizes. Raises InvalidRequest / MediaError naming the problem."""
+                     video_fps: float | None = None, fit_max_new_tokens: bool = False) -> Req:
+        """Validates, decodes media, tokenizes. Raises InvalidRequest / MediaError naming the problem.
+
+        fit_max_new_tokens: lower max_new_tokens to what fits the context and the KV pool (a default
+        the client did not ask for) instead of refusing the request."""
         params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams.from_dict(sampling_params)
         if (prompt is None) == (input_ids is None):
             raise InvalidRequest("give exactly one of prompt (text) or input_ids")
@@ -130,13 +135,29 @@ class Engine:
                 raise InvalidRequest(f"input_ids must be a list of token ids in [0, {cfg.text.vocab_size})")
             ids, ordered = list(input_ids), images + [f for v in videos for f in v]
         ids, spans = expand_image_tokens(ids, cfg.image_token_id, ordered, cfg.tokens_per_image)
+        if fit_max_new_tokens:
+            params.max_new_tokens = min(params.max_new_tokens, self._room_to_generate(len(ids)))
         self._check_length(len(ids), params)
         req = Req(rid or uuid.uuid4().hex, ids, params, spans, return_logprob, logprob_start_len)
         if params.seed is not None:
             req.generator = torch.Generator().manual_seed(params.seed)
-        if self.scheduler.constraints is not None and (params.regex or params.json_schema):
-            req.constraint = self.scheduler.constraints.new_state(params)
+        if params.regex is not None or params.json_schema is not None:
+            # compiled here, off the engine loop; cached per constraint. ConstraintError names the problem.
+            req.constraint = self.constraint_compiler.compile(params.regex, params.json_schema).new_state()
         return req
+
+    def _room_to_generate(self, prompt_len: int) -> int:
+        room = min(self.context_len, self.runner.allocator.capacity) - prompt_len
+        if room < 1:
+            raise InvalidRequest(f"the prompt has {prompt_len} tokens: no room to generate within the context "
+                                 f"length of {self.context_len} tokens and the KV pool of "
+                                 f"{self.runner.allocator.capacity}")
+        return room
+
+    def is_alive(self, max_stall_s: float = 60.0) -> bool:
+        """The loop thread runs and has started an iteration within max_stall_s (a step may be long)."""
+        return (self._thread.is_alive() and not self._stop.is_set()
+                and time.monotonic() - self.loop_heartbeat < max_stall_s)
 
     def _check_length(self, prompt_len: int, params: SamplingParams) -> None:
         if prompt_len == 0:

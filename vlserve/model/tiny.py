@@ -59,6 +59,7 @@ class TinyModelSpec:
     vision_hidden: int = 32
     vision_layers: int = 2
     vision_heads: int = 4
+    vision_intermediate: int | None = None
     image_size: int = 32
     patch_size: int = 8
     vision_feature_layer: int | list[int] = -2
@@ -87,14 +88,17 @@ def build_hf_config(spec: TinyModelSpec, tokenizer):
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
 
     text = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        # rows past the tokenizer's vocabulary exist (as in real checkpoints) but are never produced by it
+        vocab_size=max(len(tokenizer), spec.vocab_size), hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim or spec.hidden_size // spec.num_heads,
         max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=spec.tie_word_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta, **(spec.rope_scaling or {})},
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     vision = CLIPVisionConfig(
-        hidden_size=spec.vision_hidden, intermediate_size=spec.vision_hidden * 2, num_hidden_layers=spec.vision_layers,
+        hidden_size=spec.vision_hidden, intermediate_size=spec.vision_intermediate or spec.vision_hidden * 2,
+        num_hidden_layers=spec.vision_layers,
         num_attention_heads=spec.vision_heads, image_size=spec.image_size, patch_size=spec.patch_size,
         projection_dim=spec.vision_hidden)
     n_patches = (spec.image_size // spec.patch_size) ** 2

@@ -144,6 +144,8 @@ class Scheduler:
                 self._on_prefill_done(req)
             if req.sampling.max_new_tokens == 0:
                 self._finish(req, "length")
+            elif self.constraints is not None and self.constraints.jump_before_first_token(req):
+                self._emit(req, finished=False, replace_from=0)  # the forced prefix is extended next step
             else:
                 sample_rows.append(i)
                 sample_reqs.append(req)
@@ -157,7 +159,7 @@ class Scheduler:
         self.cm.cache_prefix(req)
 
     def _sample_and_emit(self, logits: torch.Tensor, reqs: list[Req]) -> None:
-        if self.constraints is not None:
+        if self.constraints is not None and any(r.constraint is not None for r in reqs):
             self.constraints.mask(logits, reqs)
         ids, logprobs = sample(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
         now = time.monotonic()
