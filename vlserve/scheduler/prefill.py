@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vlserve.engine.request import Req
+from vlserve.memory.allocator import OutOfSlots
 from vlserve.scheduler.cache_manager import CacheManager
 from vlserve.scheduler.policy import SchedulePolicy
 
@@ -50,10 +51,14 @@ class PrefillAdmission:
             need = self.cm.allocator.slots_needed(req.kv_len, n)
             if n == req.pending_len:
                 need += self.reserve(req)
-            if need > self.cm.available_slots() - reserved:
-                self.cm.release(req)
+            try:
+                if need > self.cm.available_slots() - reserved:
+                    raise OutOfSlots(f"need {need} slots")
+                slots = self.cm.alloc(req, n)
+            except OutOfSlots:
+                self.cm.release(req)  # unlocks its prefix and gives back its row
                 break
-            planned.append(PlannedExtend(req, n, self.cm.alloc(req, n)))
+            planned.append(PlannedExtend(req, n, slots))
             waiting.remove(req)
             running.append(req)
             token_budget -= n
