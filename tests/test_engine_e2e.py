@@ -207,3 +207,23 @@ def test_api_shapes_logprobs_stops_and_seed(model_dir):
         batch = engine.generate(prompt=["a", "b"], sampling_params=[{"max_new_tokens": 1},
                                                                    {"max_new_tokens": 3, "ignore_eos": True}])
         assert [o["meta_info"]["completion_tokens"] for o in batch] == [1, 3]
+
+
+def test_input_logprobs_from_logprob_start_len(model_dir):
+    """Prompt logprobs equal the log-softmax of transformers' logits, even when the prompt is cached."""
+    from transformers import LlavaForConditionalGeneration
+
+    hf = LlavaForConditionalGeneration.from_pretrained(model_dir).eval()
+    ids = [1, 40, 41, 42, 43, 44, 45, 46, 47]
+    with Engine(model_dir, max_total_tokens=4096, chunked_prefill_size=4) as engine:
+        engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})  # now cached
+        out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1}, return_logprob=True,
+                              logprob_start_len=3)
+        assert engine.wait_idle()
+        engine.scheduler.cm.check_idle_accounting()
+    got = out["meta_info"]["input_token_logprobs"]
+    assert [t for _, t in got] == ids[3:]
+    ref = torch.log_softmax(hf(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    expected = [ref[q - 1, ids[q]].item() for q in range(3, len(ids))]
+    assert np.allclose([lp for lp, _ in got], expected, atol=1e-4)
+    assert out["meta_info"]["cached_tokens"] <= 3

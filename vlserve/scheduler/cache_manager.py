@@ -49,7 +49,7 @@ class CacheManager:
         req.req_row = row
         limit = req.seq_len - 1  # at least one token is computed: its logits are needed
         if req.return_logprob and req.logprob_start_len >= 0:
-            limit = min(limit, req.logprob_start_len)
+            limit = min(limit, req.logprob_start_len - 1)  # the logits at p-1 score the token at p
         match = self.cache.match_prefix(req.seq[:max(0, limit)])
         self.cache.lock(match.node)
         req.last_node, req.kv_len, req.tree_len = match.node, match.prefix_len, match.prefix_len

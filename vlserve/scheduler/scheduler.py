@@ -119,24 +119,24 @@ class Scheduler:
         self.cm.release(req)  # its KV goes to the tree, so the recompute is mostly a cache hit
         self.running.remove(req)
         req.num_retractions += 1
+        req.input_logprobs.clear()  # recomputed from logprob_start_len on re-admission
         self.waiting.insert(0, req)
 
     def _run(self, plan: list[PlannedExtend]) -> None:
         embeds = self.embedder.prepare([(p.req, p.req.kv_len, p.req.kv_len + p.num_tokens)
                                         for p in plan if p.req.images])
-        slices = []
-        for p in plan:
-            start, end = p.req.kv_len, p.req.kv_len + p.num_tokens
-            rows, emb = self.embedder.rows_and_embeds(p.req, start, end, embeds) if p.req.images else ([], None)
-            slices.append(ExtendSlice(p.req.req_row, start, p.req.seq[start:end], p.slots, emb, rows))
+        slices = [self._slice(p, embeds) for p in plan]
         batch = build_forward_batch(slices, self.runner.req_to_token.table, self.runner.vocab_size,
                                     self.runner.device)
         logits = self.runner.forward(batch)
         self.metrics.forward_passes.labels(mode=batch.mode.value).inc()
 
+        last_rows = (torch.tensor([len(s.ids) - (s.logits_from % len(s.ids)) for s in slices]).cumsum(0) - 1).tolist()
         sample_rows, sample_reqs = [], []
-        for i, p in enumerate(plan):
+        for p, s, last in zip(plan, slices, last_rows):
             req, was_prefill = p.req, p.req.pending_len > 1 or not p.req.output_ids
+            if s.logits_from != -1:
+                self._record_input_logprobs(req, s, logits[last + 1 - (len(s.ids) - s.logits_from):last + 1])
             req.kv_len += p.num_tokens
             if req.kv_len < req.seq_len:
                 continue  # a chunk of a longer prefill
@@ -147,10 +147,33 @@ class Scheduler:
             elif self.constraints is not None and self.constraints.jump_before_first_token(req):
                 self._emit(req, finished=False, replace_from=0)  # the forced prefix is extended next step
             else:
-                sample_rows.append(i)
+                sample_rows.append(last)
                 sample_reqs.append(req)
         if sample_reqs:
             self._sample_and_emit(logits[sample_rows], sample_reqs)
+
+    def _slice(self, p: PlannedExtend, embeds) -> ExtendSlice:
+        req, start, end = p.req, p.req.kv_len, p.req.kv_len + p.num_tokens
+        rows, emb = self.embedder.rows_and_embeds(req, start, end, embeds) if req.images else ([], None)
+        logits_from = -1
+        if req.return_logprob and req.logprob_start_len >= 0 and start < len(req.input_ids) - 1:
+            first = max(req.logprob_start_len - 1, start)  # logits at q score the token at q + 1
+            logits_from = first - start if first < end - 1 else -1
+        return ExtendSlice(req.req_row, start, req.seq[start:end], p.slots, emb, rows, logits_from)
+
+    @staticmethod
+    def _record_input_logprobs(req: Req, s: ExtendSlice, logits: torch.Tensor) -> None:
+        """Prompt logprobs (return_logprob with logprob_start_len): token q+1 under the logits at q."""
+        positions = range(s.prefix_len + s.logits_from, s.prefix_len + len(s.ids))
+        vocab = logits.shape[1]  # image positions hold pseudo-token ids: no logprob for them
+        targets = [(i, q + 1) for i, q in enumerate(positions)
+                   if q + 1 < len(req.input_ids) and req.input_ids[q + 1] < vocab]
+        if not targets:
+            return
+        logprobs = torch.log_softmax(logits[[i for i, _ in targets]], dim=-1)
+        ids = [req.input_ids[q] for _, q in targets]
+        values = logprobs.gather(1, torch.tensor(ids)[:, None]).squeeze(1).tolist()
+        req.input_logprobs.extend(zip(values, ids))
 
     def _on_prefill_done(self, req: Req) -> None:
         if req.first_token_time is None and not req.output_ids:
@@ -200,6 +223,8 @@ class Scheduler:
             new_ids, new_lps = [], []
         meta = {"prompt_tokens": len(req.input_ids), "completion_tokens": len(req.output_ids),
                 "cached_tokens": max(0, req.cached_tokens), "finish_reason": req.finish_reason}
+        if finished and req.return_logprob and req.logprob_start_len >= 0:
+            meta["input_token_logprobs"] = req.input_logprobs
         req.sink(StepOutput(req.rid, new_ids, new_lps, finished, req.finish_reason, error, meta, replace_from))
 
     def _process_aborts(self) -> None:
