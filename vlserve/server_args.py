@@ -30,7 +30,7 @@ class ServerArgs:
     max_request_bytes: int = 64 * 1024 * 1024
     max_images_per_request: int = 16
     new_token_ratio: float = 0.4
-    prefix_share_threshold: int = field(default=32, metadata={"help": "in-batch prefix sharing: a request sharing this many uncached tokens with one admitted this round waits a round (0 = off)"})
+    prefix_share_threshold: int = field(default=4, metadata={"help": "in-batch prefix sharing: a request sharing this many uncached tokens with one admitted this round waits a round (0 = off)"})
     max_wait_steps: int = 512
     disable_jump_forward: bool = False
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads"})

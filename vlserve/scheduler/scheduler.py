@@ -36,7 +36,7 @@ class SchedulerConfig:
     max_running_requests: int = 128
     new_token_ratio: float = 0.4
     max_wait_steps: int = 512
-    prefix_share_threshold: int = 32
+    prefix_share_threshold: int = 4  # low: a deferred request waits one step; a missed prefix costs compute
     vision_cache_mb: float = 256.0
 
 
@@ -139,7 +139,10 @@ class Scheduler:
                 self._record_input_logprobs(req, s, logits[last + 1 - (len(s.ids) - s.logits_from):last + 1])
             req.kv_len += p.num_tokens
             if req.kv_len < req.seq_len:
-                continue  # a chunk of a longer prefill
+                # A chunk of a longer prefill: share it now, so requests with the same long prefix
+                # (questions on one video) admitted next step hit it instead of recomputing it.
+                self.cm.cache_prefix(req)
+                continue
             if was_prefill:
                 self._on_prefill_done(req)
             if req.sampling.max_new_tokens == 0:

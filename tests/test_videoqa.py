@@ -1,0 +1,110 @@
+"""`vlserve videoqa`: answers per question, shared video KV, and resumability (incl. kill -9)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from vlserve import Engine
+from vlserve.bench.client import EngineClient
+from vlserve.bench.videoqa import main, read_items, run
+from vlserve.bench.workloads import write_videoqa_set
+from vlserve.model.tiny import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(str(tmp_path_factory.mktemp("vqa_model")), seed=5)
+
+
+@pytest.fixture(scope="module")
+def client(model_dir):
+    c = EngineClient(Engine(model_dir, max_total_tokens=8192))
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def items(tmp_path_factory):
+    return write_videoqa_set(str(tmp_path_factory.mktemp("vqa_items")), videos=10, seed=7)
+
+
+def _all_ids(items_path):
+    return [q.qid for _, qs in read_items(items_path) for q in qs]
+
+
+def _lines(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_answers_every_question_once_and_shares_the_video(items, client, tmp_path):
+    out = str(tmp_path / "answers.jsonl")
+    summary = run(items, out, client, parallel_videos=2, max_new_tokens=4, progress=False)
+    lines = _lines(out)
+    assert sorted(r["id"] for r in lines) == sorted(_all_ids(items))
+    assert all(r["id"].rsplit("/", 1)[1].isdigit() for r in lines)  # several questions: ID/0, ID/1, ...
+    assert summary.questions == len(lines) and summary.videos == 10 and not summary.errors
+    for video in {r["video"] for r in lines}:
+        on_video = [r for r in lines if r["video"] == video]
+        # the 8 frames' KV is computed for one question and reused by the others
+        assert sum(r["cached_tokens"] > 8 * 16 for r in on_video) >= len(on_video) - 1
+    assert {"answer", "latency_s", "prompt_tokens", "cached_tokens", "reference", "correct"} <= set(lines[0])
+    again = run(items, out, client, max_new_tokens=4, progress=False)  # a rerun skips everything
+    assert again.questions == 0 and again.skipped == len(lines) and _lines(out) == lines
+
+
+def test_torn_last_line_is_cut_and_answered_again(items, client, tmp_path):
+    out = tmp_path / "answers.jsonl"
+    run(items, str(out), client, max_new_tokens=4, progress=False)
+    full = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(full[:3]) + full[3][: len(full[3]) // 2])  # a crash mid-write of line 4
+    summary = run(items, str(out), client, max_new_tokens=4, progress=False)
+    ids = [r["id"] for r in _lines(out)]
+    assert sorted(ids) == sorted(_all_ids(items)) and len(ids) == len(set(ids))
+    assert summary.skipped == 3
+
+
+def test_survives_kill_9_mid_run(items, model_dir, client, tmp_path):
+    out = tmp_path / "answers.jsonl"
+    cmd = [sys.executable, "-m", "vlserve.cli", "videoqa", "--input", items, "--output", str(out), "--model",
+           model_dir, "--parallel-videos", "1", "--max-new-tokens", "24", "--num-threads", "1", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if out.exists() and out.stat().st_size > 0:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    proc.wait(timeout=30)
+    before = out.read_text()
+    kept = before[: before.rfind("\n") + 1]
+    assert kept.count("\n") < len(_all_ids(items)), "the job finished before it could be killed"
+    summary = run(items, str(out), client, max_new_tokens=4, progress=False)
+    after = out.read_text()
+    assert after.startswith(kept)  # what the killed run finished is kept as it was
+    ids = [r["id"] for r in _lines(out)]
+    assert sorted(ids) == sorted(_all_ids(items)) and len(ids) == len(set(ids))
+    assert summary.skipped == kept.count("\n")
+
+
+def test_single_question_items_and_bad_input(tmp_path, items, client):
+    video = read_items(items)[0][0]
+    good = tmp_path / "items.jsonl"
+    good.write_text(json.dumps({"id": "a", "video": video, "question": "What shape appears in the video?"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    run(str(good), str(out), client, max_new_tokens=4, progress=False)
+    assert [r["id"] for r in _lines(out)] == ["a"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "b", "video": video}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: give exactly one of 'question' or 'questions'"):
+        read_items(str(bad))
+    bad.write_text(json.dumps({"id": "a", "video": video, "question": "q"}) + "\n"
+                   + json.dumps({"id": "a", "video": video, "question": "q"}) + "\n")
+    with pytest.raises(ValueError, match="duplicate id 'a'"):
+        read_items(str(bad))
+    assert main(["--input", str(tmp_path / "missing.jsonl"), "--output", str(out)]) == 2

