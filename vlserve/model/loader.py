@@ -114,6 +114,7 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
     if cfg.text.tie_word_embeddings:  # assign=True replaced embed_tokens.weight; re-tie the head to it
         model.lm_head.weight = model.language_model.embed_tokens.weight
     _materialise_buffers(model, cfg)
+    model.language_model.fuse_projections()
     model = model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     with open(os.path.join(path, PROCESSOR_FILE)) as f:
