@@ -3,6 +3,9 @@
 from dataclasses import dataclass, field, fields
 
 
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily
+
+
 class InvalidRequest(ValueError):
     """A request the engine refuses; the message names the field and the problem (HTTP 400)."""
 
@@ -47,20 +50,24 @@ class SamplingParams:
              f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens!r}")
         need(_is_num(self.temperature) and self.temperature >= 0, f"temperature must be >= 0, got {self.temperature!r}")
         need(_is_num(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        need(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), f"top_k must be -1 or >= 1, got {self.top_k!r}")
+        need(_is_int(self.top_k) and (self.top_k == -1 or 1 <= self.top_k < 2**31),
+             f"top_k must be -1 or in [1, 2**31), got {self.top_k!r}")
         need(_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
              "stop must be a string or a list of non-empty strings")
         need(isinstance(self.stop_token_ids, list) and all(_is_int(t) for t in self.stop_token_ids),
              "stop_token_ids must be a list of integers")
         need(isinstance(self.ignore_eos, bool), "ignore_eos must be a boolean")
-        need(self.seed is None or _is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        need(isinstance(self.skip_special_tokens, bool), "skip_special_tokens must be a boolean")
+        need(self.seed is None or (_is_int(self.seed) and -2**63 <= self.seed < 2**64),
+             f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
         need(self.regex is None or isinstance(self.regex, str), "regex must be a string")
         need(not (self.regex and self.json_schema), "give either regex or json_schema, not both")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        # Below this, logits / temperature overflows float32 to inf and softmax gives NaN.
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
 
 def _is_int(x) -> bool:

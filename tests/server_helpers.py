@@ -1,0 +1,125 @@
+"""Shared by tests/test_server_*.py: ONE real server (uvicorn on 127.0.0.1, a free port) for the whole
+session, media builders, and the leak check (invariant 1 and 6 of DESIGN.md after every error)."""
+
+import atexit
+import base64
+import io
+import re
+import tempfile
+import threading
+import time
+
+import av
+import httpx
+import numpy as np
+from PIL import Image
+
+from vlserve.server.app import make_engine
+from vlserve.server.background import BackgroundServer
+from vlserve.server_args import ServerArgs
+
+_lock = threading.RLock()
+_shared: dict = {}
+
+
+def tiny_model_dir() -> str:
+    with _lock:
+        if "model" not in _shared:
+            from vlserve.model.tiny import make_tiny_model
+
+            _shared["model"] = make_tiny_model(tempfile.mkdtemp(prefix="vlserve-server-tests-"))
+        return _shared["model"]
+
+
+def start_server(**overrides) -> tuple[object, BackgroundServer]:
+    """A fresh engine and server on a free port (the caller stops both)."""
+    args = ServerArgs(model=tiny_model_dir(), port=0, max_total_tokens=4096, max_running_requests=64,
+                      num_threads=1, **overrides)
+    engine = make_engine(args)
+    return engine, BackgroundServer(engine, args).start()
+
+
+def shared_server() -> tuple[object, BackgroundServer]:
+    """The session's one server, started on first use and stopped at exit."""
+    tiny_model_dir()
+    with _lock:
+        if "server" not in _shared:
+            engine, server = start_server()
+            _shared["server"] = (engine, server)
+            atexit.register(lambda: (server.stop(), engine.shutdown()))
+        return _shared["server"]
+
+
+# ---- media ---------------------------------------------------------------------------------------
+def png(width: int = 40, height: int = 40, seed: int = 0) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def jpeg(width: int = 40, height: int = 40, seed: int = 0) -> bytes:
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(png(width, height, seed))).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def data_uri(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def mp4(num_frames: int = 6, size: int = 32) -> bytes:
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=6)
+        stream.width, stream.height, stream.pix_fmt = size, size, "yuv420p"
+        for i in range(num_frames):
+            frame = np.full((size, size, 3), 30 * i, dtype=np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def png_bomb(width: int = 50_000, height: int = 50_000) -> bytes:
+    """A valid PNG header claiming width x height pixels, with almost no data."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 1000)) + chunk(b"IEND", b"")
+
+
+def image_message(uri: str, text: str = "What is in the image?") -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}},
+                                         {"type": "text", "text": text}]}]
+
+
+# ---- invariants ----------------------------------------------------------------------------------
+def assert_leak_free(engine, url: str | None = None, timeout: float = 30.0) -> None:
+    """Once idle: nothing in use, free + cached == capacity, no locked node; the server is healthy
+    and its gauges agree."""
+    end = time.monotonic() + timeout
+    while True:
+        state = engine.pool_state()
+        if engine.wait_idle(timeout=0.5) and state["in_use"] == 0 and engine.pool_state()["in_use"] == 0:
+            break
+        assert time.monotonic() < end, f"not idle or KV still in use after {timeout}s: {state}"
+        time.sleep(0.05)
+    engine.scheduler.cm.check_idle_accounting()
+    if url is not None:
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+        gauges = metric_values(httpx.get(url + "/metrics", timeout=10).text, "vlserve_kv_pool_tokens")
+        assert gauges.get('state="in_use"') == 0, gauges
+
+
+def metric_values(text: str, name: str) -> dict[str, float]:
+    """{labels: value} of one metric in Prometheus text ('' for no labels)."""
+    out = {}
+    for m in re.finditer(rf"^{re.escape(name)}(?:\{{(.*?)\}})? (\S+)$", text, re.M):
+        out[m.group(1) or ""] = float(m.group(2))
+    return out

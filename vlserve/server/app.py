@@ -1,0 +1,74 @@
+"""The HTTP server: one FastAPI app around one Engine, run by uvicorn.
+
+Threads: uvicorn's event loop (the caller's thread) parses requests and streams responses; the
+engine's scheduling loop runs on its own thread; media decoding and tokenization run in the engine's
+media pool (Engine.async_generate). The event loop never waits on the engine: chunks come back
+through loop.call_soon_threadsafe.
+"""
+
+import dataclasses
+import logging
+import os
+
+from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from vlserve.server.auth import APIKeyMiddleware
+from vlserve.server.body_limit import BodyLimitMiddleware
+from vlserve.server.errors import ErrorMappingRoute, error_response, install_error_handlers
+from vlserve.server.generate import generate_router
+from vlserve.server.openai_routes import openai_router
+from vlserve.server.upload import upload_router
+from vlserve.server_args import ServerArgs
+
+log = logging.getLogger(__name__)
+
+BUILTIN_MODEL_NAME = "vlserve-builtin"
+
+
+def served_model_name(args: ServerArgs) -> str:
+    return os.path.basename(os.path.normpath(args.model)) if args.model else BUILTIN_MODEL_NAME
+
+
+def build_app(engine, args: ServerArgs) -> FastAPI:
+    app = FastAPI(title="vlserve", description="Serving vision-language models", version="0.1.0")
+    app.router.route_class = ErrorMappingRoute
+    install_error_handlers(app)
+    app.include_router(openai_router(engine, served_model_name(args)))
+    app.include_router(generate_router(engine))
+    app.include_router(upload_router(engine))
+
+    @app.get("/health")
+    async def health():
+        if not engine.is_alive():
+            return error_response(503, "the engine loop is not running", code="engine_dead")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # Middleware added last runs first: the API key is checked before the body is counted or read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_request_bytes)
+    if args.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
+    return app
+
+
+def make_engine(args: ServerArgs):
+    from vlserve.engine.engine import Engine
+
+    return Engine(**dataclasses.asdict(args))
+
+
+def run_server(args: ServerArgs) -> int:
+    import uvicorn
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = make_engine(args)
+    log.info("serving %s on http://%s:%d", served_model_name(args), args.host, args.port)
+    try:
+        uvicorn.run(build_app(engine, args), host=args.host, port=args.port, log_level=args.log_level.lower())
+    finally:
+        engine.shutdown()
+    return 0

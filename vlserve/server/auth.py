@@ -1,0 +1,36 @@
+"""`--api-key`: every route but /health and /metrics needs `Authorization: Bearer KEY` (else 401).
+
+/health and /metrics stay open so load balancers and Prometheus scrapers need no secret; neither
+reveals request content. Checked before the body is read, so an unauthenticated upload costs nothing.
+"""
+
+import json
+import secrets
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
+class APIKeyMiddleware:
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+            return await self.app(scope, receive, send)
+        await send_json_error(send, 401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                              code="invalid_api_key", headers=[(b"www-authenticate", b"Bearer")])
+
+    def _authorized(self, scope) -> bool:
+        got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        return secrets.compare_digest(got, self.expected)
+
+
+async def send_json_error(send, status: int, message: str, code: str, headers: list | None = None) -> None:
+    """An OpenAI-shaped JSON error sent from raw ASGI (middleware runs outside FastAPI's handlers)."""
+    from vlserve.server.errors import error_body
+
+    body = json.dumps(error_body(status, message, code=code)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,69 @@
+"""OpenAI chat messages → the checkpoint's chat template → (prompt text, image sources, video sources).
+
+Image parts become {"type": "image"} (the template renders `<image>`); a video part becomes the text
+"<video>", which the engine expands into one `<image>` per sampled frame. Media sources are passed
+through undecoded: the engine decodes them in its media pool, off the event loop and the engine loop.
+"""
+
+from dataclasses import dataclass, field
+
+from vlserve.sampling.params import InvalidRequest
+from vlserve.server.openai_protocol import ChatMessage, ImagePart, TextPart, VideoPart
+
+VIDEO_TEXT = "<video>"
+
+
+@dataclass
+class ChatPrompt:
+    text: str
+    images: list[str] = field(default_factory=list)
+    videos: list[str] = field(default_factory=list)
+
+
+def build_chat_prompt(tokenizer, messages: list[ChatMessage]) -> ChatPrompt:
+    prompt, converted = ChatPrompt(""), []
+    for i, message in enumerate(messages):
+        role = "system" if message.role == "developer" else message.role
+        converted.append({"role": role, "content": _content(message, i, prompt)})
+    prompt.text = render_chat(tokenizer, converted)
+    return prompt
+
+
+def media_prompt(tokenizer, text: str, num_images: int, num_videos: int) -> str:
+    """One user turn: its images, then its videos, then the text (as /upload sends them)."""
+    parts = ([{"type": "image"}] * num_images + [{"type": "text", "text": VIDEO_TEXT}] * num_videos
+             + [{"type": "text", "text": text}])
+    return render_chat(tokenizer, [{"role": "user", "content": parts}])
+
+
+def render_chat(tokenizer, messages: list[dict]) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequest("this model has no chat template; use /v1/completions or /generate with raw text")
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # jinja's TemplateError, or a template's raise_exception on bad role order
+        raise InvalidRequest(f"the chat template rejected the messages: {e}") from None
+
+
+def _content(message: ChatMessage, index: int, prompt: ChatPrompt) -> str | list[dict]:
+    content = message.content
+    if content is None:
+        if message.role != "assistant":
+            raise InvalidRequest(f"messages[{index}].content is required for role {message.role!r}")
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if isinstance(part, TextPart):
+            parts.append({"type": "text", "text": part.text})
+            continue
+        if message.role != "user":
+            raise InvalidRequest(f"messages[{index}]: image_url and video_url parts are only allowed in user messages")
+        if isinstance(part, ImagePart):
+            prompt.images.append(part.image_url.url)
+            parts.append({"type": "image"})
+        elif isinstance(part, VideoPart):
+            prompt.videos.append(part.video_url.url)
+            parts.append({"type": "text", "text": VIDEO_TEXT})
+    return parts

@@ -1,0 +1,129 @@
+"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions (plain and SSE streams)."""
+
+import time
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+
+from vlserve.server.chat import build_chat_prompt
+from vlserve.server.disconnect import cancel_on_disconnect
+from vlserve.server.errors import APIError, ErrorMappingRoute, error_body
+from vlserve.server.fanout import MergedStream, generate_all, open_streams
+from vlserve.server.openai_protocol import (ChatCompletionRequest, CompletionRequest, envelope, finish_reason,
+                                            new_id, usage_of)
+from vlserve.server.sampling import openai_sampling, per_choice
+from vlserve.server.sse import DONE, SSEResponse, event
+
+MAX_PROMPTS = 64  # prompts in one /v1/completions batch
+MAX_CHOICES = 64  # prompts x n: engine requests made for one HTTP request
+
+
+@dataclass(frozen=True)
+class ChoiceFormat:
+    """How one choice's text appears: chat messages / deltas, or completion text."""
+    chat: bool
+
+    @property
+    def object_type(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    @property
+    def chunk_type(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def final(self, index: int, result: dict) -> dict:
+        body = {"message": {"role": "assistant", "content": result["text"]}} if self.chat else {"text": result["text"]}
+        return {"index": index, **body, "logprobs": None, "finish_reason": finish_reason(result["meta_info"])}
+
+    def delta(self, index: int, text: str, reason: str | None, role: bool = False) -> dict:
+        if self.chat:
+            body = {"delta": ({"role": "assistant"} if role else {}) | ({"content": text} if text or role else {})}
+        else:
+            body = {"text": text}
+        return {"index": index, **body, "logprobs": None, "finish_reason": reason}
+
+
+def openai_router(engine, model_name: str) -> APIRouter:
+    router = APIRouter(route_class=ErrorMappingRoute)
+
+    @router.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "vlserve", "max_model_len": engine.context_len}]}
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        prompt = build_chat_prompt(engine.tokenizer, body.messages)
+        params, fit = openai_sampling(body, engine)
+        base = {"prompt": prompt.text, "image_data": prompt.images or None, "video_data": prompt.videos or None,
+                "fit_max_new_tokens": fit}
+        jobs = [{**base, "sampling_params": p} for p in per_choice(params, body.n)]
+        return await _respond(engine, request, body, jobs, ChoiceFormat(chat=True), model_name, prompts=1)
+
+    @router.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        prompts = _completion_prompts(body.prompt)
+        params, fit = openai_sampling(body, engine)
+        if len(prompts) * body.n > MAX_CHOICES:
+            raise APIError(400, f"{len(prompts)} prompts x n={body.n} is over the limit of {MAX_CHOICES} choices",
+                           param="n")
+        jobs = [{**prompt, "sampling_params": p, "fit_max_new_tokens": fit}
+                for prompt in prompts for p in per_choice(params, body.n)]
+        return await _respond(engine, request, body, jobs, ChoiceFormat(chat=False), model_name, prompts=len(prompts))
+
+    return router
+
+
+async def _respond(engine, request: Request, body, jobs: list[dict], fmt: ChoiceFormat, model: str, prompts: int):
+    rid = new_id("chatcmpl" if fmt.chat else "cmpl")
+    if body.stream:
+        merged = await open_streams(engine, jobs)  # refusals raise here, before any byte is sent
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return SSEResponse(_events(merged, fmt, rid, model, len(jobs), prompts, include_usage))
+    results = await cancel_on_disconnect(request, generate_all(engine, jobs))
+    for r in results:
+        if r.get("error"):
+            raise APIError(500, r["error"])
+    choices = [fmt.final(i, r) for i, r in enumerate(results)]
+    return envelope(fmt.object_type, rid, model, choices, usage=usage_of(results, prompts))
+
+
+async def _events(merged: MergedStream, fmt: ChoiceFormat, rid: str, model: str, total: int, prompts: int,
+                  include_usage: bool):
+    extra = {"usage": None} if include_usage else {}
+    finals: list[dict | None] = [None] * total
+    try:
+        if fmt.chat:
+            yield event(envelope(fmt.chunk_type, rid, model, [fmt.delta(i, "", None, role=True) for i in range(total)],
+                                 **extra))
+        async for index, chunk in merged:
+            if chunk.get("error"):
+                yield event(error_body(500, chunk["error"]))
+                break
+            reason = finish_reason(chunk["meta_info"]) if chunk["finished"] else None
+            if chunk["delta"] or reason:
+                yield event(envelope(fmt.chunk_type, rid, model, [fmt.delta(index, chunk["delta"], reason)], **extra))
+            if chunk["finished"]:
+                finals[index] = chunk
+        else:
+            if include_usage:
+                yield event(envelope(fmt.chunk_type, rid, model, [], usage=usage_of(finals, prompts)))
+        yield DONE
+    finally:
+        await merged.aclose()
+
+
+def _completion_prompts(prompt) -> list[dict]:
+    """A string, a list of strings, a list of token ids, or a list of lists of token ids."""
+    if isinstance(prompt, str):
+        return [{"prompt": prompt}]
+    if not prompt:
+        raise APIError(400, "prompt is empty", param="prompt")
+    if len(prompt) > MAX_PROMPTS and not all(isinstance(t, int) for t in prompt):
+        raise APIError(400, f"prompt has {len(prompt)} prompts, over the limit of {MAX_PROMPTS} per request",
+                       param="prompt")
+    if all(isinstance(p, str) for p in prompt):
+        return [{"prompt": p} for p in prompt]
+    if all(isinstance(t, int) for t in prompt):
+        return [{"input_ids": list(prompt)}]
+    return [{"input_ids": list(ids)} for ids in prompt]

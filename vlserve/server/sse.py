@@ -1,0 +1,29 @@
+"""Server-sent events: `data: <json>\n\n` lines ending with `data: [DONE]`."""
+
+import json
+
+import anyio
+from starlette.responses import StreamingResponse
+
+DONE = "data: [DONE]\n\n"
+
+
+def event(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    """A streaming response that always closes its body iterator, so a client that disconnects while
+    the iterator is suspended (not only while it awaits) still runs its cleanup: the engine abort."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content, **kwargs):
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}, **kwargs)
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()

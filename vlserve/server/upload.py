@@ -1,0 +1,62 @@
+"""POST /upload: multipart/form-data for curl and browsers; answers as /generate does.
+
+    curl -F image=@cat.jpg -F prompt='What is this?' http://127.0.0.1:30000/upload
+
+Fields: prompt (required); image (repeatable) or one video; chat (default true: wrap the prompt in the
+model's chat template; false sends it raw); stream; sampling fields max_new_tokens, temperature,
+top_p, top_k, seed, stop (repeatable), regex, json_schema; video sampling num_frames or fps.
+"""
+
+from fastapi import APIRouter, File, Form, Request, UploadFile
+
+from vlserve.server.chat import media_prompt
+from vlserve.server.disconnect import cancel_on_disconnect
+from vlserve.server.errors import APIError, ErrorMappingRoute
+from vlserve.server.fanout import generate_all, open_streams
+from vlserve.server.generate import native_events, native_result
+from vlserve.server.sampling import check_native_constraints
+from vlserve.server.sse import SSEResponse
+
+
+def upload_router(engine) -> APIRouter:
+    router = APIRouter(route_class=ErrorMappingRoute)
+
+    @router.post("/upload")
+    async def upload(
+        request: Request,
+        prompt: str = Form(...),
+        image: list[UploadFile] = File(default=[]),
+        video: list[UploadFile] = File(default=[]),
+        chat: bool = Form(True),
+        stream: bool = Form(False),
+        max_new_tokens: int | None = Form(None),
+        temperature: float | None = Form(None),
+        top_p: float | None = Form(None),
+        top_k: int | None = Form(None),
+        seed: int | None = Form(None),
+        stop: list[str] = Form(default=[]),
+        regex: str | None = Form(None),
+        json_schema: str | None = Form(None),
+        num_frames: int | None = Form(None),
+        fps: float | None = Form(None),
+    ):
+        if len(video) > 1:
+            raise APIError(400, f"send at most one video file, got {len(video)}", param="video")
+        if video and image:
+            raise APIError(400, "send images or one video, not both", param="video")
+        params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                  "seed": seed, "stop": stop or None, "regex": regex, "json_schema": json_schema}
+        params = {k: v for k, v in params.items() if v is not None}
+        check_native_constraints(engine, params)
+        text = media_prompt(engine.tokenizer, prompt, len(image), len(video)) if chat else prompt
+        job = {"prompt": text, "image_data": [await f.read() for f in image] or None,
+               "video_data": [await f.read() for f in video] or None, "sampling_params": params,
+               "fit_max_new_tokens": max_new_tokens is None, "video_num_frames": num_frames, "video_fps": fps}
+        if stream:
+            return SSEResponse(native_events(await open_streams(engine, [job])))
+        [result] = await cancel_on_disconnect(request, generate_all(engine, [job]))
+        if result.get("error"):
+            raise APIError(500, result["error"])
+        return native_result(result)
+
+    return router
