@@ -21,8 +21,12 @@ _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct
 _open_lock = threading.Lock()
 
 
-def load_image(source: MediaSource, limits: MediaLimits = MediaLimits()) -> Image.Image:
-    """An RGB PIL image from bytes, a data URI, base64, an allowed local path or (if enabled) a URL."""
+def load_image(source: MediaSource | Image.Image, limits: MediaLimits = MediaLimits()) -> Image.Image:
+    """An RGB PIL image from bytes, a data URI, base64, an allowed local path, (if enabled) a URL,
+    or an already decoded PIL image (the offline engine's callers often have one)."""
+    if isinstance(source, Image.Image):
+        check_over("image", source.width * source.height, "pixels", limits, "max_image_pixels")
+        return to_rgb(source)
     return decode_image(read_source_bytes(source, limits, "max_image_bytes", "image"), limits)
 
 

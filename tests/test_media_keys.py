@@ -67,3 +67,12 @@ def test_same_picture_as_bytes_data_uri_base64_and_path_hits(engine):
     for source in (f"data:image/png;base64,{b64}", b64, str(engine.media_dir / "pic.png")):
         out = engine.generate(prompt=prompt, image_data=source, sampling_params={"max_new_tokens": 1})
         assert out["meta_info"]["cached_tokens"] == out["meta_info"]["prompt_tokens"] - 1, source[:30]
+
+
+def test_pil_images_are_accepted_and_hash_like_their_bytes(engine):
+    img = Image.fromarray(_frames(9, 1)[0])
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    a = engine.make_request(prompt="<image>\nWhat?", image_data=[img])
+    b = engine.make_request(prompt="<image>\nWhat?", image_data=buf.getvalue())
+    assert a.input_ids == b.input_ids
