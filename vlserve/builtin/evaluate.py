@@ -1,0 +1,170 @@
+"""Accuracy of a model on freshly generated scene questions, per question type.
+
+    python -m vlserve.builtin.evaluate --model vlserve/builtin_model --n 500 --seed 12345
+    python -m vlserve.builtin.evaluate --backend vlserve            # through vlserve's Engine
+    python -m vlserve.builtin.evaluate --blank                      # every image replaced by a blank one
+
+A backend is any `generate_fn(prompts, images) -> answers`: `prompts[i]` is the chat-templated text
+with one `<image>` per image (a video is its frames, one `<image>` each) and `images[i]` the PIL images
+for it, in order. Decoding is greedy. An answer is right when it equals the reference after
+normalisation (case, final full stop, number words, "color"); a caption is right when it names every
+shape with its colour and names no shape that is not there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import Counter
+from dataclasses import dataclass
+from itertools import groupby
+from pathlib import Path
+from typing import Callable
+
+from PIL import Image
+
+from vlserve.builtin import scenes
+
+GenerateFn = Callable[[list[str], list[list[Image.Image]]], list[str]]
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "builtin_model"
+MAX_NEW_TOKENS = 24
+_NUMBERS = {word: str(n) for n, word in scenes.NUMBER_WORDS.items()}
+_PAIR = re.compile(r"\b(" + "|".join(scenes.COLOURS) + r")\s+(" + "|".join(scenes.SHAPES) + r")s?\b")
+
+
+@dataclass
+class Report:
+    correct: Counter
+    total: Counter
+
+    def accuracy(self, qtype: str) -> float:
+        return self.correct[qtype] / self.total[qtype] if self.total[qtype] else float("nan")
+
+    def overall(self, qtypes) -> float:
+        n = sum(self.total[q] for q in qtypes)
+        return sum(self.correct[q] for q in qtypes) / n if n else float("nan")
+
+    def table(self) -> str:
+        lines = [f"{'question type':<14} {'accuracy':>8} {'n':>5}"]
+        for group, qtypes in (("image", scenes.IMAGE_QTYPES), ("video", scenes.VIDEO_QTYPES)):
+            present = [q for q in qtypes if self.total[q]]
+            if not present:
+                continue
+            lines += [f"{q:<14} {self.accuracy(q):>8.1%} {self.total[q]:>5}" for q in present]
+            lines.append(f"{group + ' overall':<14} {self.overall(present):>8.1%} {sum(self.total[q] for q in present):>5}")
+        return "\n".join(lines)
+
+
+def normalise(text: str) -> str:
+    text = text.strip().lower().replace("color", "colour")
+    text = re.sub(r"\s+", " ", text).rstrip(".!")
+    return _NUMBERS.get(text, text)
+
+
+def caption_pairs(text: str) -> Counter:
+    return Counter(_PAIR.findall(normalise(text)))
+
+
+def is_correct(qtype: str, prediction: str, reference: str) -> bool:
+    if qtype == "caption":
+        return caption_pairs(prediction) == caption_pairs(reference)
+    return normalise(prediction) == normalise(reference)
+
+
+def prompt_for(question: str, n_images: int, tokenizer) -> str:
+    content = [{"type": "image"}] * n_images + [{"type": "text", "text": question}]
+    return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                        add_generation_prompt=True)
+
+
+def blank_like(images: list[Image.Image]) -> list[Image.Image]:
+    return [Image.new("RGB", im.size, (128, 128, 128)) for im in images]
+
+
+def evaluate(generate_fn: GenerateFn, samples: list[scenes.Sample], tokenizer, blank: bool = False) -> Report:
+    prompts = [prompt_for(s.question, len(s.images), tokenizer) for s in samples]
+    images = [blank_like(s.images) if blank else s.images for s in samples]
+    answers = generate_fn(prompts, images)
+    correct, total = Counter(), Counter()
+    for s, a in zip(samples, answers):
+        total[s.qtype] += 1
+        correct[s.qtype] += is_correct(s.qtype, a, s.answer)
+    return Report(correct, total)
+
+
+# ---------------------------------------------------------------- backends
+
+
+def transformers_backend(model_dir: str | Path) -> tuple[GenerateFn, object]:
+    """Greedy decoding with transformers' LlavaForConditionalGeneration; prompts of equal token length
+    are batched together, so no padding (and no question of padding side) is involved."""
+    import torch
+    from transformers import LlavaForConditionalGeneration, LlavaProcessor
+
+    processor = LlavaProcessor.from_pretrained(model_dir)
+    model = LlavaForConditionalGeneration.from_pretrained(model_dir).eval()
+
+    @torch.no_grad()
+    def generate(prompts: list[str], images: list[list[Image.Image]]) -> list[str]:
+        encoded = [processor(images=im, text=p, return_tensors="pt") for p, im in zip(prompts, images)]
+        answers: list[str | None] = [None] * len(prompts)
+        order = sorted(range(len(prompts)), key=lambda i: encoded[i]["input_ids"].shape[1])
+        for _, group in groupby(order, key=lambda i: encoded[i]["input_ids"].shape[1]):
+            group = list(group)
+            for start in range(0, len(group), 32):
+                idx = group[start: start + 32]
+                ids = torch.cat([encoded[i]["input_ids"] for i in idx])
+                pixels = torch.cat([encoded[i]["pixel_values"] for i in idx])
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels,
+                                     max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+                texts = processor.tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+                for i, t in zip(idx, texts):
+                    answers[i] = t
+        return answers
+
+    return generate, processor.tokenizer
+
+
+def vlserve_backend(model_dir: str | Path) -> tuple[GenerateFn, object]:
+    """vlserve's offline Engine, given the same prompt text and PIL images."""
+    from transformers import AutoTokenizer
+
+    from vlserve import Engine
+
+    engine = Engine(model=str(model_dir))
+
+    def generate(prompts: list[str], images: list[list[Image.Image]]) -> list[str]:
+        outs = engine.generate(prompt=prompts, image_data=images,
+                               sampling_params={"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0})
+        return [o["text"] if isinstance(o, dict) else str(o) for o in outs]
+
+    return generate, AutoTokenizer.from_pretrained(model_dir)
+
+
+BACKENDS = {"transformers": transformers_backend, "vlserve": vlserve_backend}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="Per-question-type accuracy on generated scenes.")
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--n", type=int, default=500, help="questions per kind (image, video)")
+    p.add_argument("--seed", type=int, default=12345, help="held-out seed (training uses small seeds)")
+    p.add_argument("--kind", choices=("image", "video", "both"), default="both")
+    p.add_argument("--backend", choices=tuple(BACKENDS), default="transformers")
+    p.add_argument("--blank", action="store_true", help="replace every image by a blank one")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    a = p.parse_args()
+    import torch
+
+    torch.set_num_threads(a.threads)
+    generate_fn, tokenizer = BACKENDS[a.backend](a.model)
+    kinds = ("image", "video") if a.kind == "both" else (a.kind,)
+    data = [s for i, k in enumerate(kinds) for s in scenes.samples(a.n, a.seed + i, k)]
+    report = evaluate(generate_fn, data, tokenizer, blank=a.blank)
+    print(f"model {a.model}  backend {a.backend}  seed {a.seed}  n {a.n}/kind{'  BLANK images' if a.blank else ''}")
+    print(report.table())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Byte-level BPE tokenizer for the built-in model, trained here on offline English plus scene text.
+
+The English side is what any Python install carries: the docstrings of the standard library and the
+licence texts under /usr/share/common-licenses, so chat prompts that are not about shapes still
+tokenize into sensible pieces. The chat template (LLaVA-1.5 style) is stored with the tokenizer.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import sys
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from vlserve.builtin import scenes
+
+BOS, EOS, PAD, IMAGE = "<s>", "</s>", "<pad>", "<image>"
+SPECIAL_TOKENS = [BOS, EOS, PAD, IMAGE]
+
+# "USER: <image><image>\n{question} ASSISTANT: {answer}</s>"; every image part (a video arrives as its
+# frames, one image part each) renders as one <image>, which the processor expands to its patch tokens.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% set content = message['content'] %}"
+    "{% if content is string %}{% set images = 0 %}{% set text = content %}"
+    "{% else %}"
+    "{% set images = content | selectattr('type', 'in', ['image', 'image_url']) | list | length %}"
+    "{% set text = content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join(' ') %}"
+    "{% endif %}"
+    "{% if message['role'] == 'system' %}{{ text }} "
+    "{% elif message['role'] == 'user' %}USER: {{ '<image>' * images }}{% if images %}{{ '\\n' }}{% endif %}{{ text }} "
+    "{% elif message['role'] == 'assistant' %}ASSISTANT: {{ text }}</s>"
+    "{% else %}{{ raise_exception('unknown role: ' + message['role']) }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+
+
+def english_corpus(max_chars: int = 3_000_000) -> list[str]:
+    """Docstrings of the standard library and licence texts found on this machine."""
+    texts: list[str] = []
+    stdlib = Path(sys.base_prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for path in sorted(stdlib.glob("**/*.py")):
+        if "test" in path.parts or "site-packages" in path.parts or "idlelib" in path.parts:
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="ignore"))
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 40:
+                    texts.append(doc)
+    licences = Path("/usr/share/common-licenses")
+    if licences.is_dir():
+        texts += [p.read_text(errors="ignore") for p in sorted(licences.iterdir()) if p.is_file()]
+    out, total = [], 0
+    for t in texts:
+        if total >= max_chars:
+            break
+        out.append(t)
+        total += len(t)
+    return out
+
+
+def scene_corpus(n: int, seed: int) -> list[str]:
+    """Rendered chat turns about generated scenes, so questions and answers get whole-word tokens."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        scene = scenes.video_scene(rng) if i % 4 == 0 else scenes.image_scene(rng)
+        out += [f"USER: {IMAGE}\n{qa.question} ASSISTANT: {qa.answer}{EOS}" for qa in scene.qas]
+    return out
+
+
+def train_tokenizer(vocab_size: int = 3000, seed: int = 0) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = english_corpus() + scene_corpus(3000, seed)
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        extra_special_tokens={"image_token": IMAGE},
+        model_max_length=2048,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Train the built-in model's tokenizer.")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--vocab-size", type=int, default=3000)
+    args = parser.parse_args()
+    train_tokenizer(args.vocab_size).save_pretrained(args.out)
