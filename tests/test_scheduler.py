@@ -82,3 +82,20 @@ def test_in_batch_prefix_sharing_computes_a_shared_prefix_once(model_dir):
     prefix = len(engine.make_request(prompt=shared, sampling_params={}).input_ids)
     assert all(r.cached_tokens >= prefix - 1 for r in reqs[1:])
     engine.scheduler.cm.check_idle_accounting()
+
+
+def test_requests_wait_for_a_shared_prefix_still_in_chunked_prefill(model_dir):
+    engine = _stepped_engine(model_dir, schedule_policy="fcfs", chunked_prefill_size=16)
+    shared = "USER: " + " ".join(f"word{i}" for i in range(29)) + " question "
+    reqs = [engine.make_request(prompt=shared + str(i), sampling_params={"max_new_tokens": 1}) for i in range(3)]
+    assert len(reqs[0].input_ids) % 16, "the last chunk must leave budget for admissions in its step"
+    for r in reqs:
+        engine.scheduler.add(r)
+    for _ in range(40):
+        engine.scheduler.step()
+        if all(r.finished for r in reqs):
+            break
+    prefix = len(engine.make_request(prompt=shared, sampling_params={}).input_ids)
+    assert prefix > 3 * 16  # the shared prefix needs several chunks
+    assert all(r.cached_tokens >= prefix - 1 for r in reqs[1:]), [r.cached_tokens for r in reqs]
+    engine.scheduler.cm.check_idle_accounting()

@@ -105,7 +105,7 @@ class SchedulePolicy:
         return overdue + head + tail
 
     def defer_shared_prefix(
-        self, ordered: list[WaitingReq], threshold_tokens: int
+        self, ordered: list[WaitingReq], threshold_tokens: int, in_flight: list[list[int]] = ()
     ) -> tuple[list[WaitingReq], list[WaitingReq]]:
         """Splits ordered into (admit_now, wait_one_round): a request whose uncached part shares at
         least threshold_tokens with a request admitted earlier in this round waits, so the shared
@@ -113,6 +113,8 @@ class SchedulePolicy:
         if threshold_tokens < 1:
             raise ValueError(f"threshold_tokens must be >= 1, got {threshold_tokens}")
         chosen = _key_trie()
+        for key in in_flight:  # prompts still being prefilled (chunked): their KV is on its way
+            _insert_key(chosen, key)
         admit_now, wait_one_round = [], []
         for req in ordered:
             req.matched_len = self.cache.peek_prefix_len(req.key)

@@ -39,7 +39,8 @@ class PrefillAdmission:
         """Moves admitted requests from waiting to running; returns their first extends."""
         ordered = self.policy.order(waiting)
         if not self.cm.cache.disabled and self.prefix_share_threshold > 0:
-            ordered, _ = self.policy.defer_shared_prefix(ordered, self.prefix_share_threshold)
+            in_flight = [r.key for r in running if r.pending_len > 1]
+            ordered, _ = self.policy.defer_shared_prefix(ordered, self.prefix_share_threshold, in_flight)
         reserved = sum(self.reserve(r) for r in running)
         planned = []
         for req in ordered:
