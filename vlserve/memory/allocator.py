@@ -41,6 +41,12 @@ class SlotAllocator:
         page boundary): the rest of its page is filled first.
         """
         p = self.page_size
+        if p == 1:  # the common case, and every decode step: a plain pop from the free list
+            if extend_len > len(self._free_pages):
+                raise OutOfSlots(f"need {extend_len} slots, {len(self._free_pages)} free")
+            taken = self._free_pages[len(self._free_pages) - extend_len:]
+            del self._free_pages[len(self._free_pages) - extend_len:]
+            return torch.tensor(taken[::-1], dtype=torch.int64)
         need = self.slots_needed(prefix_len, extend_len)
         if need > self.num_free_slots:
             raise OutOfSlots(f"need {need} slots, {self.num_free_slots} free")

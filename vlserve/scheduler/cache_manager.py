@@ -65,7 +65,8 @@ class CacheManager:
         short = need - self.allocator.num_free_slots
         if short > 0:
             self.cache.evict(short)
-        last = int(self.rows.table[req.req_row, req.kv_len - 1]) if req.kv_len else -1
+        partial_page = self.page_size > 1 and req.kv_len % self.page_size
+        last = int(self.rows.table[req.req_row, req.kv_len - 1]) if partial_page else -1
         slots = self.allocator.alloc_extend(last, req.kv_len, n)  # raises OutOfSlots
         self.rows.write(req.req_row, req.kv_len, slots)
         return slots
