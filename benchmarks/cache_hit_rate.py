@@ -28,6 +28,7 @@ from collections import defaultdict
 
 from vlserve.bench import workloads as W
 from vlserve.bench.models import BENCH_SPEC, SMALL_SPEC, bench_model
+from vlserve.bench.report import write_report
 
 WORKLOADS = ("few_shot", "tree_of_thought", "multi_turn_chat", "questions_per_image", "video_qa")
 
@@ -138,10 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     text = ("Command: `python benchmarks/cache_hit_rate.py " + " ".join(argv if argv is not None else sys.argv[1:]) + "`\n\n"
             + "\n".join(rows) + "\n\n" + ("Missed tokens, request by request:\n\n" + "\n".join(notes) if notes else
                                            "No missed tokens.") + "\n")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(text)
+    write_report(args.out, text)
     return 0
 
 

@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from vlserve.bench.report import write_report
+
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -101,10 +103,7 @@ def main(argv=None) -> int:
               f"{ratio_all:.2f}x fewer; throughput {on['req_per_s'] / off['req_per_s']:.2f}x "
               "(target: at least 2x fewer decode passes; the paper reports 1.6x throughput)."]
     text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(text)
+    write_report(args.out, text)
     return 0
 
 

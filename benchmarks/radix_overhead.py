@@ -23,6 +23,7 @@ from collections import defaultdict
 
 from vlserve.bench import workloads as W
 from vlserve.bench.models import BENCH_SPEC, SMALL_SPEC, bench_model
+from vlserve.bench.report import write_report
 
 
 class OverheadTimer:
@@ -147,10 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"Zero-reuse control: {len(W.zero_reuse())} requests, {prompt_tokens} prompt tokens, 16 new tokens each; "
               f"worst share {max(shares):.4%} (target < 0.3%, aim < 0.1%)."]
     text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(text)
+    write_report(args.out, text)
     return 0
 
 

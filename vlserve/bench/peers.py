@@ -44,27 +44,12 @@ class PeerRun:
 def expand_media(req: BenchRequest, video_frames: int) -> tuple[str, list]:
     """The prompt with one `<image>` per image or video frame, and those PIL images in order (as
     vlserve's engine expands `<video>`), for engines that only know images."""
-    from vlserve.engine.prompt import IMAGE_MARKER, VIDEO_MARKER
+    from vlserve.engine.prompt import PromptMedia, expand_text
     from vlserve.preprocess import load_image, load_video
 
-    images, videos = iter(req.images), iter(req.videos)
-    text, out, pos = req.prompt, [], 0
-    pieces = []
-    while True:
-        i, v = text.find(IMAGE_MARKER, pos), text.find(VIDEO_MARKER, pos)
-        if i < 0 and v < 0:
-            pieces.append(text[pos:])
-            break
-        if v < 0 or 0 <= i < v:
-            pieces.append(text[pos:i] + IMAGE_MARKER)
-            out.append(load_image(next(images)))
-            pos = i + len(IMAGE_MARKER)
-        else:
-            frames = load_video(next(videos), num_frames=video_frames)
-            pieces.append(text[pos:v] + IMAGE_MARKER * len(frames))
-            out.extend(frames)
-            pos = v + len(VIDEO_MARKER)
-    return "".join(pieces), out
+    media = PromptMedia([load_image(src) for src in req.images],
+                        [load_video(src, num_frames=video_frames) for src in req.videos])
+    return expand_text(req.prompt, media)
 
 
 # ---------------------------------------------------------------- transformers

@@ -18,7 +18,7 @@ VIDEO_MARKER = "<video>"
 
 @dataclass
 class PromptMedia:
-    images: list[ProcessedImage]
+    images: list[ProcessedImage]  # (any item type: expand_text only places them)
     videos: list[list[ProcessedImage]]  # sampled frames of each video
 
 
