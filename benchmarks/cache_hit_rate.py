@@ -21,7 +21,6 @@ are its missed tokens, classified as
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 from collections import defaultdict

@@ -132,7 +132,6 @@ def fetch_url(url: str, limits: MediaLimits, limit_name: str, what: str) -> byte
     if not limits.allow_url_fetch:
         raise MediaError(f"fetching {what} from URLs is disabled (allow_url_fetch=False): {url[:200]}")
     cap_name = limit_name if getattr(limits, limit_name) <= limits.url_max_bytes else "url_max_bytes"
-    cap = getattr(limits, cap_name)
     deadline = time.monotonic() + limits.url_timeout_s
     opener = urllib.request.build_opener(_HttpOnlyRedirects)
     request = urllib.request.Request(url, headers={"User-Agent": "vlserve-preprocess"})

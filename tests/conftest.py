@@ -27,3 +27,24 @@ if not _has_cuda():
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+# ---- the HTTP tests' shared server (tests/server_helpers.py) -----------------------------------
+import httpx  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The one real server the HTTP tests share; each module checks it leaked nothing."""
+    from server_helpers import assert_leak_free, shared_server
+
+    engine, srv = shared_server()
+    yield engine, srv
+    assert_leak_free(engine, srv.url)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server[1].url, timeout=60) as c:
+        yield c

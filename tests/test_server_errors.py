@@ -7,23 +7,9 @@ import json
 import httpx
 import pytest
 
-from server_helpers import (assert_leak_free, data_uri, image_message, mp4, png, png_bomb, shared_server,
-                            start_server)
+from server_helpers import assert_leak_free, data_uri, image_message, mp4, png, png_bomb, start_server
 from vlserve.server.background import BackgroundServer
 from vlserve.server_args import ServerArgs
-
-
-@pytest.fixture(scope="module")
-def server():
-    engine, srv = shared_server()
-    yield engine, srv
-    assert_leak_free(engine, srv.url)
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server[1].url, timeout=60) as c:
-        yield c
 
 
 def user(content) -> dict:

@@ -5,20 +5,7 @@ import json
 import httpx
 import pytest
 
-from server_helpers import assert_leak_free, data_uri, jpeg, mp4, png, shared_server
-
-
-@pytest.fixture(scope="module")
-def server():
-    engine, srv = shared_server()
-    yield engine, srv
-    assert_leak_free(engine, srv.url)
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server[1].url, timeout=60) as c:
-        yield c
+from server_helpers import data_uri, jpeg, mp4, png
 
 
 def sse_payloads(response: httpx.Response) -> list:

@@ -2,29 +2,15 @@
 
 import json
 
-import httpx
 import openai
 import pytest
 
-from server_helpers import assert_leak_free, data_uri, image_message, metric_values, mp4, png, shared_server
-
-
-@pytest.fixture(scope="module")
-def server():
-    engine, srv = shared_server()
-    yield engine, srv
-    assert_leak_free(engine, srv.url)
+from server_helpers import data_uri, image_message, metric_values, mp4, png
 
 
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server[1].url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server[1].url, timeout=60) as c:
-        yield c
 
 
 def test_health_models_and_metrics(http, client):

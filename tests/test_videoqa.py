@@ -1,7 +1,6 @@
 """`vlserve videoqa`: answers per question, shared video KV, and resumability (incl. kill -9)."""
 
 import json
-import os
 import signal
 import subprocess
 import sys

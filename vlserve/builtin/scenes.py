@@ -12,7 +12,7 @@ for its per-patch auxiliary targets; serving never sees it.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageDraw
