@@ -20,8 +20,9 @@ class MemoryConfig:
     max_context_len: int = 4096
 
 
-def default_max_total_tokens(loaded: LoadedModel, fraction: float = 0.3, cap: int = 1 << 20) -> int:
-    """Sizes the pool from available memory (CUDA free memory, else a share of host RAM)."""
+def default_max_total_tokens(loaded: LoadedModel, fraction: float = 0.3, cap: int = 1 << 18) -> int:
+    """Sizes the pool from available memory (CUDA free memory, else a share of host RAM), at most
+    `cap` tokens (--max-total-tokens sets any size)."""
     t = loaded.config.text
     per_slot = KVPool.bytes_per_slot(t.num_layers, t.num_kv_heads, t.head_dim, loaded.config.dtype)
     if torch.cuda.is_available():

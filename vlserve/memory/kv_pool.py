@@ -19,7 +19,9 @@ class KVPool:
     def create(cls, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
                dtype: torch.dtype, device: str | torch.device = "cpu") -> "KVPool":
         def buf():
-            return torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+            # Never zeroed: attention reads only slots that were written (up to each request's
+            # length), and untouched pages of a large CPU pool then cost no resident memory.
+            return torch.empty(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
 
         return cls([buf() for _ in range(num_layers)], [buf() for _ in range(num_layers)])
 
