@@ -2,13 +2,12 @@
 
 Threads: the scheduling loop (schedule → forward → sample) runs on one background thread and
 touches nothing else. Media decoding, resizing, hashing and tokenization run on the caller's
-thread (sync API) or a worker pool (async API); responses are assembled on the caller's side. So
-uploads and streaming never stall the loop; PIL, PyAV, xxhash and torch release the GIL for their
-heavy parts (measured in benchmarks/media_stall.py).
+thread (sync API) or a worker pool (async API); responses are assembled on the caller's side, so
+the loop never waits on uploads or streaming (Pillow and PyAV release the GIL for decoding and
+resizing; benchmarks/media_stall.py compares decode speed while large vs tiny images arrive).
 """
 
 import asyncio
-import itertools
 import logging
 import queue
 import threading
@@ -71,7 +70,6 @@ class Engine:
         self.context_len = self.runner.context_len
         self._inbox: queue.Queue[list[Req]] = queue.Queue()
         self._stop = threading.Event()
-        self._ids = itertools.count()
         self.media_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vlserve-media")
         self.loop_heartbeat = time.monotonic()  # written by the loop every iteration; read by /health
         self._thread = threading.Thread(target=self._loop, name="vlserve-engine", daemon=True)
