@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from .launch import LOG2_E, dot_operands, padded_head_dim
+from .paged_tile import load_kv_tile
 from .validate import check_extend_args
 
 
@@ -72,16 +73,9 @@ def _extend_kernel(
     for n_start in range(0, key_end, BLOCK_N):
         offs_n = n_start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < key_end
-        # int64 before the multiply: slot * stride overflows int32 in a large pool.
-        slots = tl.load(ReqToToken + row * stride_rr + offs_n * stride_rp, mask=mask_n, other=0).to(tl.int64)
-        mask_nd = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(K + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :] * stride_kd,
-                    mask=mask_nd, other=0.0)
-        v = tl.load(V + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :] * stride_vd,
-                    mask=mask_nd, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_tile(ReqToToken, K, V, row, kv_head, offs_n, mask_n, offs_d, mask_d,
+                            stride_rr, stride_rp, stride_ks, stride_kh, stride_kd, stride_vs, stride_vh,
+                            stride_vd, UPCAST)
 
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
