@@ -11,7 +11,7 @@ stops at the last frame it needs.
 
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import av
 import numpy as np
@@ -36,7 +36,7 @@ class VideoInfo:
     duration_s: float
     total_frames: int
     frames_counted: bool  # True when total_frames came from a demux pass, not the stream header
-    frame_indices: tuple[int, ...]  # which frames were sampled, in order
+    frame_indices: tuple[int, ...] = ()  # which frames were sampled, in order (empty while probing)
 
 
 @dataclass
@@ -65,22 +65,10 @@ def read_video(source: MediaSource, limits: MediaLimits = MediaLimits(),
             frames = _decode_frames(container, container.streams.video[0], indices)
     except (av.FFmpegError, OSError, EOFError) as e:
         raise MediaError(f"video could not be decoded ({container_format}): {e}") from None
-    return SampledVideo(frames, VideoInfo(frame_indices=tuple(indices), **vars(probe)))
+    return SampledVideo(frames, replace(probe, frame_indices=tuple(indices)))
 
 
-@dataclass(frozen=True)
-class _Probe:
-    container: str
-    codec: str
-    width: int
-    height: int
-    source_fps: float
-    duration_s: float
-    total_frames: int
-    frames_counted: bool
-
-
-def _probe(data: bytes, container_format: str, limits: MediaLimits) -> _Probe:
+def _probe(data: bytes, container_format: str, limits: MediaLimits) -> VideoInfo:
     """Everything known before decoding a pixel; enforces the frame-size and duration limits."""
     with av.open(io.BytesIO(data), format=container_format) as container:
         stream = _video_stream(container)
@@ -90,7 +78,7 @@ def _probe(data: bytes, container_format: str, limits: MediaLimits) -> _Probe:
         if total == 0:
             raise MediaError("video has no frames")
         check_over("video", round(duration, 3), "seconds", limits, "video_max_duration_s")
-        return _Probe(container_format, stream.codec_context.name, width, height,
+        return VideoInfo(container_format, stream.codec_context.name, width, height,
                       _source_fps(stream, total, duration), duration, total, counted)
 
 

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from vlserve.bench.client import Answer, Job, make_client
+from vlserve.bench.jsonl import iter_jsonl
 
 
 @dataclass
@@ -43,20 +44,13 @@ def image_prompt(text: str) -> str:
 
 def read_questions(path: str, images_dir: str) -> list[LlavaQuestion]:
     out = []
-    with open(path) as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                q = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            missing = [k for k in ("question_id", "image", "text") if k not in q]
-            if missing:
-                raise ValueError(f"{path}:{n}: missing {', '.join(missing)}")
-            if not os.path.isfile(os.path.join(images_dir, q["image"])):
-                raise ValueError(f"{path}:{n}: image {q['image']!r} not found in {images_dir}")
-            out.append(LlavaQuestion(q["question_id"], q["image"], q["text"], q.get("category"), q.get("answer")))
+    for where, q in iter_jsonl(path):
+        missing = [k for k in ("question_id", "image", "text") if k not in q]
+        if missing:
+            raise ValueError(f"{where}: missing {', '.join(missing)}")
+        if not os.path.isfile(os.path.join(images_dir, q["image"])):
+            raise ValueError(f"{where}: image {q['image']!r} not found in {images_dir}")
+        out.append(LlavaQuestion(q["question_id"], q["image"], q["text"], q.get("category"), q.get("answer")))
     if not out:
         raise ValueError(f"{path}: no questions")
     return out

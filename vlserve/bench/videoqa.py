@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from vlserve.bench.client import Answer, Job, make_client
+from vlserve.bench.jsonl import iter_jsonl
 
 
 @dataclass
@@ -58,15 +59,8 @@ def read_items(path: str) -> list[tuple[str, list[Question]]]:
     """(video path, questions) per item, in file order. Raises ValueError naming the bad line."""
     base = os.path.dirname(os.path.abspath(path))
     items, seen = [], set()
-    with open(path) as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            items.append(_parse_item(item, f"{path}:{n}", base, seen))
+    for where, item in iter_jsonl(path):
+        items.append(_parse_item(item, where, base, seen))
     return items
 
 
