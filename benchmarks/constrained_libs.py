@@ -66,7 +66,7 @@ SMALL_TEXT = (
 
 
 def train_tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from vlserve.model.bpe import train_byte_level_bpe
     from transformers import PreTrainedTokenizerFast
 
     if vocab_size <= 4000:
@@ -74,16 +74,7 @@ def train_tokenizer(vocab_size: int):
     else:  # enough distinct text for a GPT-2-sized vocabulary
         files = sorted(Path(site.getsitepackages()[0]).glob("*/**/*.py"))[:3000]
         corpus = [f.read_text(errors="ignore") for f in files]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer)
+    tok = train_byte_level_bpe(corpus, vocab_size, ["<s>", "</s>"])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
 
 

@@ -39,7 +39,9 @@ def training_corpus(seed: int = 0) -> list[str]:
 
 def train_tokenizer(vocab_size: int = 2000):
     """Trained once per machine and cached as JSON in the temp dir (about 1 s to train)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer
+
+    from vlserve.model.bpe import train_byte_level_bpe
     from transformers import PreTrainedTokenizerFast
 
     path = Path(tempfile.gettempdir()) / f"vlserve_constrained_bpe_{vocab_size}_v1.json"
@@ -48,16 +50,7 @@ def train_tokenizer(vocab_size: int = 2000):
             tokenizer_object=Tokenizer.from_file(str(path)), bos_token="<s>", eos_token="</s>"
         )
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(training_corpus(), trainer)
+    tok = train_byte_level_bpe(training_corpus(), vocab_size, ["<s>", "</s>"])
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tok.save(str(tmp))
     os.replace(tmp, path)

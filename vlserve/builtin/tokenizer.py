@@ -12,10 +12,10 @@ import random
 import sys
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from vlserve.builtin import scenes
+from vlserve.model.bpe import train_byte_level_bpe
 
 BOS, EOS, PAD, IMAGE = "<s>", "</s>", "<pad>", "<image>"
 SPECIAL_TOKENS = [BOS, EOS, PAD, IMAGE]
@@ -80,17 +80,7 @@ def scene_corpus(n: int, seed: int) -> list[str]:
 
 
 def train_tokenizer(vocab_size: int = 3000, seed: int = 0) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    corpus = english_corpus() + scene_corpus(3000, seed)
-    tok.train_from_iterator(corpus, trainer=trainer)
+    tok = train_byte_level_bpe(english_corpus() + scene_corpus(3000, seed), vocab_size, SPECIAL_TOKENS)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,

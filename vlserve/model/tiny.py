@@ -70,15 +70,10 @@ class TinyModelSpec:
 
 def train_tokenizer(vocab_size: int, extra_text: str = ""):
     """A byte-level BPE with the LLaVA special tokens, trained on a small corpus in well under a second."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from vlserve.model.bpe import train_byte_level_bpe
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([_CORPUS, extra_text], trainer=trainer)
+    tok = train_byte_level_bpe([_CORPUS, extra_text], vocab_size, SPECIAL_TOKENS)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                    pad_token="<pad>", extra_special_tokens={"image_token": IMAGE_TOKEN},
                                    chat_template=CHAT_TEMPLATE, model_max_length=4096)
