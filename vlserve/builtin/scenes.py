@@ -50,6 +50,7 @@ class QA:
     question: str
     answer: str
     qtype: str
+    about: int | None = None  # index (in the frame's objects) of the shape the question names
 
 
 @dataclass
@@ -148,7 +149,7 @@ def _image_qas(shapes: list[Shape], background: str, rng: random.Random) -> list
     shape_counts = {name: sum(s.shape == name for s in shapes) for name in SHAPES}
     only = len(shapes) == 1
 
-    for s in shapes:
+    for k, s in enumerate(shapes):
         if shape_counts[s.shape] == 1:
             noun = "shape" if only and rng.random() < 0.4 else s.shape
             q = rng.choice([
@@ -158,7 +159,7 @@ def _image_qas(shapes: list[Shape], background: str, rng: random.Random) -> list
                 f"Tell me the colour of the {noun}.",
                 f"The {noun} is what color?",
             ])
-            qas.append(QA(q, s.colour, "colour"))
+            qas.append(QA(q, s.colour, "colour", about=k))
         thing = "shape" if only and rng.random() < 0.4 else f"{s.colour} object"
         q = rng.choice([
             f"What shape is the {thing}?",
@@ -166,7 +167,7 @@ def _image_qas(shapes: list[Shape], background: str, rng: random.Random) -> list
             f"What kind of shape is the {thing}?",
             f"Name the shape that is {s.colour}.",
         ])
-        qas.append(QA(q, s.shape, "shape"))
+        qas.append(QA(q, s.shape, "shape", about=k))
         who = f"{s.colour} {s.shape}"
         if rng.random() < 0.5:
             q = rng.choice([
@@ -175,7 +176,7 @@ def _image_qas(shapes: list[Shape], background: str, rng: random.Random) -> list
                 f"Which side is the {who} on, left or right?",
                 f"Left or right: where is the {who}?",
             ])
-            qas.append(QA(q, "left" if s.cx < CANVAS / 2 else "right", "position"))
+            qas.append(QA(q, "left" if s.cx < CANVAS / 2 else "right", "position", about=k))
         else:
             q = rng.choice([
                 f"Is the {who} at the top or the bottom?",
@@ -183,7 +184,7 @@ def _image_qas(shapes: list[Shape], background: str, rng: random.Random) -> list
                 f"Where is the {who}, top or bottom?",
                 f"Top or bottom: where is the {who}?",
             ])
-            qas.append(QA(q, "top" if s.cy < CANVAS / 2 else "bottom", "position"))
+            qas.append(QA(q, "top" if s.cy < CANVAS / 2 else "bottom", "position", about=k))
 
     if rng.random() < 0.5:
         q = rng.choice([
@@ -256,7 +257,8 @@ def _video_qas(kind: str, shape: str, first: str, last: str, direction: str | No
     return qas
 
 
-def video_scene(rng: random.Random, n_frames: int | None = None) -> Scene:
+def video_scene(rng: random.Random, n_frames: int | None = None, kind: str | None = None) -> Scene:
+    """`kind` is "move" or "recolour"; None draws one (half each)."""
     n = n_frames if n_frames is not None else rng.randint(4, 8)
     if not 2 <= n <= 16:
         raise ValueError(f"n_frames must be between 2 and 16, got {n}")
@@ -264,7 +266,10 @@ def video_scene(rng: random.Random, n_frames: int | None = None) -> Scene:
     background = rng.choice(list(BACKGROUNDS))
     size = rng.uniform(0.22, 0.36) * CANVAS
     margin = size / 2 + 3
-    kind = rng.choice(("move", "recolour"))
+    if kind is None:
+        kind = rng.choice(("move", "recolour"))
+    elif kind not in ("move", "recolour"):
+        raise ValueError(f"kind must be 'move' or 'recolour', got {kind!r}")
     if kind == "move":
         first = last = rng.choice(list(COLOURS))
         direction = rng.choice(DIRECTIONS)

@@ -1,19 +1,23 @@
 """Train the built-in LLaVA-format model from scratch on generated scenes, on a CPU.
 
-    python -m vlserve.builtin.train --out vlserve/builtin_model --seed 0 --minutes 42   # the committed run
-    python -m vlserve.builtin.train --out DIR --seed 0 --steps 4882                    # same length, fully deterministic
+    python -m vlserve.builtin.train --out vlserve/builtin_model --seed 0 --minutes 80   # the committed run
+    python -m vlserve.builtin.train --out DIR --seed 0 --steps N    # replay: N is in the run's log
 
 The model is transformers' `LlavaForConditionalGeneration` (CLIP vision tower, two-layer MLP
 projector, Llama decoder with grouped-query attention), saved with `save_pretrained`, so the
 checkpoint is plain Hugging Face LLaVA format: 64 px images in 16 px patches, so 16 tokens an image
-and 128 for an 8-frame video. Training adds three things that are not saved:
+and 128 for an 8-frame video. Training adds four things that are not saved:
 
 - a curriculum: the vision tower and projector first learn the per-patch targets below on their own
   (`--vision-warmup` steps), then the whole model trains on answers plus those targets;
 - an auxiliary head on the projector's output that predicts, for every patch, the shape and colour
   under it and the patch's row and column, so the image tokens carry what the questions ask about;
-- per-question-type loss weights that favour the questions binding two facts (the colour of a named
-  shape among several, its side of the image, the caption, the direction of motion).
+- attention supervision (attention_targets.py): two heads of one decoder layer are told which
+  patches (and frames) answer the question, and one head of the layer below which question words
+  name the thing asked about; this is what taught the decoder to bind a colour to a named shape;
+- per-question-type loss weights and sampling priorities that favour the questions binding two facts
+  (the colour of a named shape among several, its side of the image, the direction of motion) and
+  counting, and two moving shapes for every colour change among the training videos.
 
 Each sequence holds one to four question/answer turns about the same scene, which amortises the image
 tokens; the loss covers answer tokens only. With `--steps` the run is deterministic from its
@@ -47,6 +51,10 @@ from transformers import (
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
 from vlserve.builtin import scenes
+from vlserve.builtin.attention_targets import (
+    KEYWORD_HEAD, KEYWORD_LAYER, RETRIEVAL_HEADS, RETRIEVAL_LAYER, AttentionTarget, caption_phrases, keyword_spans,
+    object_patches, overlapping, retrieval_patches,
+)
 from vlserve.builtin.tokenizer import IMAGE, train_tokenizer
 
 IMAGE_SIZE = 64
@@ -55,9 +63,12 @@ CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
 QTYPE_WEIGHT = {
     "colour": 1.0, "shape": 1.0, "count": 1.0, "position": 2.0, "caption": 1.0,
-    "direction": 2.0, "first_colour": 2.0, "last_colour": 2.0, "appears": 1.0,
+    "direction": 3.0, "first_colour": 2.0, "last_colour": 2.0, "appears": 1.0,
 }
 MULTI_OBJECT_BOOST = 2.0  # colour/shape of one shape among several: the binding case
+# How much likelier a question type is to be among a sequence's turns: direction exists only for
+# half of the videos and counting has no attention target, so both would otherwise be rarely seen.
+TURN_PRIORITY = {"direction": 4.0, "count": 2.0}
 
 
 @dataclass
@@ -73,6 +84,7 @@ class TrainArgs:
     min_lr_ratio: float = 0.1
     warmup: int = 150
     aux_weight: float = 1.0
+    attn_weight: float = 1.0
     threads: int = 1  # on a shared 2-core machine, 2 threads ran 10x slower than 1 (oversubscription)
     eval_every: int = 500
     vision_warmup: int = 1500  # aux-only steps on vision tower + projector before the decoder joins
@@ -158,6 +170,42 @@ class Batch:
     pixel_values: torch.Tensor  # [n_images, 3, H, W], in order of their <image> runs
     patch_targets: torch.Tensor  # [n_images, grid*grid, 4]: shape, colour, row, col
     qtypes: list[list[tuple[str, int, int]]]  # per sequence: (qtype, start, end) of each answer span
+    attention: "AttentionBatch"
+
+
+@dataclass
+class AttentionBatch:
+    """All attention targets of a batch as index tensors: entry i supervises
+    attention[layer[i]][row[i], head[i], query[i], :] to put its mass on keys[i] (a 0/1 row)."""
+
+    layer: torch.Tensor
+    row: torch.Tensor
+    head: torch.Tensor
+    query: torch.Tensor
+    keys: torch.Tensor  # [N, T]
+
+    @classmethod
+    def build(cls, per_row: list[list[AttentionTarget]], T: int) -> "AttentionBatch":
+        flat = [(r, t) for r, ts in enumerate(per_row) for t in ts]
+        keys = torch.zeros((len(flat), T))
+        for i, (_, t) in enumerate(flat):
+            keys[i, t.keys] = 1.0
+        col = lambda f: torch.tensor([f(r, t) for r, t in flat], dtype=torch.long)  # noqa: E731
+        return cls(col(lambda r, t: t.layer), col(lambda r, t: r), col(lambda r, t: t.head),
+                   col(lambda r, t: t.query), keys)
+
+    def loss(self, attentions: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Mean over entries of -log(attention mass on the target keys)."""
+        total, n = torch.zeros(()), 0
+        for layer, probs in attentions.items():
+            sel = self.layer == layer
+            if not sel.any():
+                continue
+            p = probs[self.row[sel], self.head[sel], self.query[sel]]  # [n, T]
+            mass = (p * self.keys[sel]).sum(-1)
+            total = total - torch.log(mass.clamp_min(1e-6)).sum()
+            n += int(sel.sum())
+        return total / max(n, 1)
 
 
 def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
@@ -183,49 +231,90 @@ class BatchMaker:
         self.rng = random.Random(seed)
         self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE)
 
-    def encode(self, n_images: int, qas: list[scenes.QA], n_objects: int):
+    def encode(self, scene: scenes.Scene, qas: list[scenes.QA]):
         ids: list[int] = []
         weights: list[float] = []
         spans = []
+        targets: list[AttentionTarget] = []
+        n_objects = len(scene.objects[0])
+        image_positions: list[int] = []
         for turn, qa in enumerate(qas):
-            images = [{"type": "image"}] * n_images if turn == 0 else []
+            images = [{"type": "image"}] * len(scene.frames) if turn == 0 else []
             msgs = [{"role": "user", "content": images + [{"type": "text", "text": qa.question}]}]
             prompt = self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
             if turn > 0:
                 prompt = prompt[len(self.tok.bos_token):]
-            p_ids = self.tok(prompt, add_special_tokens=False).input_ids
-            p_ids = self._expand_images(p_ids)
-            a_ids = self.tok(" " + qa.answer + self.tok.eos_token, add_special_tokens=False).input_ids
+            enc = self.tok(prompt, add_special_tokens=False, return_offsets_mapping=True)
+            p_ids, p_offsets = self._expand_images(enc.input_ids, enc.offset_mapping)
+            if turn == 0:
+                image_positions = [i for i, t in enumerate(p_ids) if t == self.image_token_id]
+            a_text = " " + qa.answer + self.tok.eos_token
+            a_enc = self.tok(a_text, add_special_tokens=False, return_offsets_mapping=True)
+            a_ids = a_enc.input_ids
             w = QTYPE_WEIGHT[qa.qtype]
             if qa.qtype in ("colour", "shape") and n_objects > 1:
                 w *= MULTI_OBJECT_BOOST
+            prompt_start, answer_start = len(ids), len(ids) + len(p_ids)
+            targets += self._targets(scene, qa, image_positions, prompt, p_offsets, prompt_start,
+                                     a_enc.offset_mapping, answer_start)
             ids += p_ids
             weights += [0.0] * len(p_ids)
-            spans.append((qa.qtype, len(ids), len(ids) + len(a_ids)))
+            spans.append((qa.qtype, answer_start, answer_start + len(a_ids)))
             ids += a_ids
             weights += [w] * len(a_ids)
-        return ids, weights, spans
+        return ids, weights, spans, targets
 
-    def _expand_images(self, ids: list[int]) -> list[int]:
+    def _targets(self, scene, qa, image_positions, prompt, p_offsets, prompt_start, a_offsets,
+                 answer_start) -> list[AttentionTarget]:
+        """Attention supervision for one turn (see attention_targets.py)."""
+        query = answer_start - 1  # predicts the first answer token
         out = []
-        for t in ids:
-            out += [t] * self.grid ** 2 if t == self.image_token_id else [t]
+        if qa.qtype == "caption":
+            for start, end, k in caption_phrases(scene, qa.answer):
+                keys = [image_positions[p] for p in object_patches(scene, self.grid)[0][k]]
+                for t in overlapping(a_offsets, start + 1, end + 1):  # +1: the answer's leading space
+                    out += [AttentionTarget(RETRIEVAL_LAYER, h, answer_start + t - 1, keys) for h in RETRIEVAL_HEADS]
+            return out
+        patches = retrieval_patches(scene, qa, self.grid)
+        if patches is not None:
+            for head, ps in zip(RETRIEVAL_HEADS, patches):
+                out.append(AttentionTarget(RETRIEVAL_LAYER, head, query, [image_positions[p] for p in ps]))
+        q_at = prompt.rfind(qa.question)
+        words = [i for a, b in keyword_spans(qa.question) for i in overlapping(p_offsets, q_at + a, q_at + b)]
+        if words:
+            out.append(AttentionTarget(KEYWORD_LAYER, KEYWORD_HEAD, query, [prompt_start + i for i in words]))
         return out
 
-    def make(self, scene_list: list[scenes.Scene], max_turns: int = 4) -> Batch:
-        rows, frames, targets, spans_all = [], [], [], []
+    def _expand_images(self, ids: list[int], offsets: list[tuple[int, int]]):
+        """Each <image> becomes grid² image tokens, as the processor expands it; offsets follow."""
+        out, out_offsets = [], []
+        for t, o in zip(ids, offsets):
+            k = self.grid ** 2 if t == self.image_token_id else 1
+            out += [t] * k
+            out_offsets += [o] * k
+        return out, out_offsets
+
+    def make(self, scene_list: list[scenes.Scene], max_turns: int = 4, priority: bool = True) -> Batch:
+        rows, frames, targets, spans_all, attn_all = [], [], [], [], []
         for scene in scene_list:
-            qas = list(scene.qas)
-            self.rng.shuffle(qas)
-            qas = qas[: self.rng.randint(1, max_turns)]
-            ids, w, spans = self.encode(len(scene.frames), qas, len(scene.objects[0]))
+            qas = self.pick_turns(scene.qas, self.rng.randint(1, max_turns), priority)
+            ids, w, spans, attn = self.encode(scene, qas)
             rows.append((ids, w))
             spans_all.append(spans)
+            attn_all.append(attn)
             frames += scene.frames
             targets.append(patch_targets(scene, self.grid))
-        return self.collate(rows, frames, np.concatenate(targets), spans_all)
+        return self.collate(rows, frames, np.concatenate(targets), spans_all, attn_all)
 
-    def collate(self, rows, frames, targets, spans_all) -> Batch:
+    def pick_turns(self, qas: list[scenes.QA], k: int, priority: bool) -> list[scenes.QA]:
+        """k questions in random order, drawn without replacement with TURN_PRIORITY weights
+        (Efraimidis-Spirakis: the k largest u ** (1 / weight)), or uniformly without `priority`."""
+        weight = lambda qa: TURN_PRIORITY.get(qa.qtype, 1.0) if priority else 1.0  # noqa: E731
+        keys = [self.rng.random() ** (1 / weight(qa)) for qa in qas]
+        order = sorted(range(len(qas)), key=lambda i: -keys[i])
+        return [qas[i] for i in order[:k]]
+
+    def collate(self, rows, frames, targets, spans_all, attn_all) -> Batch:
         T = max(len(ids) for ids, _ in rows)
         pad = self.tok.pad_token_id
         input_ids = torch.full((len(rows), T), pad, dtype=torch.long)
@@ -236,7 +325,8 @@ class BatchMaker:
             attn[i, : len(ids)] = 1
             weight[i, : len(ids)] = torch.tensor(w)
         pixels = self.proc(frames, return_tensors="pt")["pixel_values"]
-        return Batch(input_ids, attn, weight, pixels, torch.from_numpy(targets).long(), spans_all)
+        return Batch(input_ids, attn, weight, pixels, torch.from_numpy(targets).long(), spans_all,
+                     AttentionBatch.build(attn_all, T))
 
 
 # ---------------------------------------------------------------- forward
@@ -271,32 +361,48 @@ def image_features(model, pixel_values: torch.Tensor) -> torch.Tensor:
     return torch.stack(list(feats))
 
 
-def forward(model, batch: Batch):
-    """Answer-token logits (only where target_weight > 0) and the projected image features."""
+SUPERVISED_LAYERS = (KEYWORD_LAYER, RETRIEVAL_LAYER)
+
+
+def forward(model, batch: Batch, keep_attention: bool = False):
+    """Answer-token logits (only where target_weight > 0), the projected image features and, with
+    `keep_attention`, the attention probabilities of the supervised layers (needs eager attention)."""
     inner = model.model
     feats = image_features(model, batch.pixel_values)
     embeds = inner.get_input_embeddings()(batch.input_ids)
     is_image = (batch.input_ids == model.config.image_token_id).unsqueeze(-1)
     embeds = embeds.masked_scatter(is_image, feats.reshape(-1, feats.shape[-1]).to(embeds.dtype))
-    hidden = inner.language_model(inputs_embeds=embeds, attention_mask=batch.attention_mask).last_hidden_state
+    attentions: dict[int, torch.Tensor] = {}
+    hooks = []
+    if keep_attention:
+        for layer in SUPERVISED_LAYERS:
+            module = inner.language_model.layers[layer].self_attn
+            hooks.append(module.register_forward_hook(
+                lambda _m, _in, out, layer=layer: attentions.__setitem__(layer, out[1])))
+    try:
+        hidden = inner.language_model(inputs_embeds=embeds, attention_mask=batch.attention_mask).last_hidden_state
+    finally:
+        for h in hooks:
+            h.remove()
     predict = batch.target_weight[:, 1:] > 0  # position t-1 predicts token t
     logits = model.lm_head(hidden[:, :-1][predict])
-    return logits, predict, feats
+    return logits, predict, feats, attentions
 
 
 def losses(model, aux: AuxHead, batch: Batch):
-    logits, predict, feats = forward(model, batch)
+    """(answer loss, per-patch auxiliary loss, attention supervision loss)."""
+    logits, predict, feats, attentions = forward(model, batch, keep_attention=True)
     targets = batch.input_ids[:, 1:][predict]
     w = batch.target_weight[:, 1:][predict]
     lm = (F.cross_entropy(logits, targets, reduction="none") * w).sum() / w.sum()
-    return lm, aux.loss(feats, batch.patch_targets)
+    return lm, aux.loss(feats, batch.patch_targets), batch.attention.loss(attentions)
 
 
 @torch.no_grad()
 def answer_accuracy(model, batch: Batch) -> dict[str, tuple[int, int]]:
     """Exact-match accuracy per question type under teacher forcing: an answer counts only when every
     answer token (and the closing </s>) is the argmax, which is exactly when greedy decoding emits it."""
-    logits, predict, _ = forward(model, batch)
+    logits, predict, _, _ = forward(model, batch)
     correct_tok = torch.zeros_like(predict)
     correct_tok[predict] = logits.argmax(-1) == batch.input_ids[:, 1:][predict]
     tally: dict[str, list[int]] = {}
@@ -319,23 +425,24 @@ def lr_at(step: int, total: int, args: TrainArgs) -> float:
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def eval_batches(maker: BatchMaker, seed: int, n_images: int = 200, n_videos: int = 60) -> list[Batch]:
+def eval_batches(maker: BatchMaker, seed: int, n_images: int = 200, n_videos: int = 120) -> list[Batch]:
     """Held-out single-question batches (a seed the training stream never uses)."""
     rng = random.Random(seed)
     out = []
     image_scenes = [scenes.image_scene(rng) for _ in range(n_images)]
     for i in range(0, n_images, 50):
-        out.append(maker.make(image_scenes[i: i + 50], max_turns=1))
+        out.append(maker.make(image_scenes[i: i + 50], max_turns=1, priority=False))
     for n_frames in (4, 8):
         vids = [scenes.video_scene(rng, n_frames) for _ in range(n_videos // 2)]
-        out.append(maker.make(vids, max_turns=1))
+        for i in range(0, len(vids), 30):
+            out.append(maker.make(vids[i: i + 30], max_turns=1, priority=False))
     return out
 
 
 @torch.no_grad()
 def aux_accuracy(model, aux: AuxHead, batch: Batch) -> dict[str, tuple[int, int]]:
     """How well the projector's output encodes each patch target (shape/colour on object patches)."""
-    _, _, feats = forward(model, batch)
+    _, _, feats, _ = forward(model, batch)
     preds = [l.argmax(-1) for l in aux.proj(feats).split(aux.sizes, dim=-1)]
     on_object = batch.patch_targets[..., 0] > 0
     out = {}
@@ -394,6 +501,7 @@ def train(args: TrainArgs) -> None:
     tokenizer = train_tokenizer(seed=args.seed)
     processor = build_image_processor()
     model = build_model(tokenizer, args.patch, args.text_layers)
+    model.set_attn_implementation("eager")  # attention probabilities for the supervision loss
     model.train()
     grid = IMAGE_SIZE // args.patch
     aux = AuxHead(model.config.text_config.hidden_size, grid)
@@ -411,7 +519,9 @@ def train(args: TrainArgs) -> None:
     def next_batch(step: int) -> Batch:
         if step % args.video_every == args.video_every - 1:
             n_frames = data_rng.randint(4, 8)
-            return maker.make([scenes.video_scene(data_rng, n_frames) for _ in range(args.batch_videos)])
+            # Two moving shapes for every colour change: direction is the harder question.
+            kinds = [data_rng.choice(("move", "move", "recolour")) for _ in range(args.batch_videos)]
+            return maker.make([scenes.video_scene(data_rng, n_frames, kind) for kind in kinds])
         return maker.make([scenes.image_scene(data_rng) for _ in range(args.batch_images)])
 
     vision_warmup(model, aux, maker, args, random.Random(args.seed + 1))
@@ -419,7 +529,7 @@ def train(args: TrainArgs) -> None:
     log_path = log_dir / "train_log.csv"
     eval_path = log_dir / "eval_log.csv"
     with open(log_path, "w", newline="") as f:
-        csv.writer(f).writerow(["step", "seconds", "lr", "lm_loss", "aux_loss"])
+        csv.writer(f).writerow(["step", "seconds", "lr", "lm_loss", "aux_loss", "attn_loss"])
     start = time.time()
     paced = (0, 0.0)  # (step, seconds) where the pace was last measured
     bar = tqdm(total=args.steps, desc=f"train {n_params / 1e6:.2f}M params", dynamic_ncols=True)
@@ -428,8 +538,8 @@ def train(args: TrainArgs) -> None:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, args)
         batch = next_batch(step)
-        lm, aux_loss = losses(model, aux, batch)
-        loss = lm + args.aux_weight * aux_loss
+        lm, aux_loss, attn_loss = losses(model, aux, batch)
+        loss = lm + args.aux_weight * aux_loss + args.attn_weight * attn_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -449,10 +559,10 @@ def train(args: TrainArgs) -> None:
             print(f"[train] time cap hit at step {step} of {total}; saving early", flush=True)
             total = step
         bar.update(1)
-        bar.set_postfix(lm=f"{lm.item():.3f}", aux=f"{aux_loss.item():.3f}")
+        bar.set_postfix(lm=f"{lm.item():.3f}", aux=f"{aux_loss.item():.3f}", attn=f"{attn_loss.item():.3f}")
         with open(log_path, "a", newline="") as f:
             csv.writer(f).writerow([step, f"{elapsed:.1f}", f"{opt.param_groups[0]['lr']:.2e}",
-                                    f"{lm.item():.4f}", f"{aux_loss.item():.4f}"])
+                                    f"{lm.item():.4f}", f"{aux_loss.item():.4f}", f"{attn_loss.item():.4f}"])
         if step % args.eval_every == 0 or step == total:
             acc = evaluate_batches(model, held_out, aux)
             print(f"[eval step {step}] " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()), flush=True)
@@ -477,6 +587,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--aux-weight", type=float, default=1.0)
+    p.add_argument("--attn-weight", type=float, default=1.0, help="weight of the attention supervision loss")
     p.add_argument("--eval-every", type=int, default=1000)
     p.add_argument("--patch", type=int, default=16, help="vision patch size (64 px images)")
     p.add_argument("--vision-warmup", type=int, default=1500, help="aux-only steps before the decoder trains")
@@ -485,7 +596,7 @@ def main() -> None:
     if (a.steps is None) == (a.minutes is None):
         p.error("give exactly one of --steps or --minutes")
     train(TrainArgs(out=a.out, seed=a.seed, steps=a.steps, minutes=a.minutes, threads=a.threads, lr=a.lr,
-                    aux_weight=a.aux_weight, eval_every=a.eval_every, patch=a.patch,
+                    aux_weight=a.aux_weight, attn_weight=a.attn_weight, eval_every=a.eval_every, patch=a.patch,
                     vision_warmup=a.vision_warmup, text_layers=a.text_layers))
 
 

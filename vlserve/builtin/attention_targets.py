@@ -1,0 +1,102 @@
+"""Training-only attention supervision for the built-in model: where an answer should look.
+
+Trained on answers alone, the small decoder learns *that* the image matters but not *which* patches
+answer "what colour is the square?" among two or three shapes, nor which frame of a video came first
+(pilots and the first committed run: 55% on colour-of-a-named-shape, 46% on direction, while a probe
+on the projector's output read shape and colour per patch at 99%). So training tells two heads of
+one decoder layer where to look, as a loss on their attention probabilities:
+
+- retrieval heads (layer `RETRIEVAL_LAYER`), at the position that predicts the answer: the patches of
+  the shape the question names; for a caption, each shape's patches while its words are written; in a
+  video, the shape in the frames of the asked-for colour (first/last), or in the first frame (head A)
+  and the last frame (head B) for the direction of motion;
+- a keyword head (layer `KEYWORD_LAYER`), at the same position: the question's words that name a
+  shape, a colour, or the start or end of the video, so the retrieval query knows what it is after.
+
+Nothing of this is saved: the checkpoint is a plain LLaVA model whose attention was trained this way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from vlserve.builtin import scenes
+
+RETRIEVAL_LAYER = 2
+RETRIEVAL_HEADS = (0, 1)  # (A, B): the same patches, except first frame / last frame for direction
+KEYWORD_LAYER = 1
+KEYWORD_HEAD = 0
+KEYWORDS = re.compile(r"\b(" + "|".join([*scenes.SHAPES, *scenes.COLOURS, "start", "beginning", "first",
+                                         "end", "last"]) + r")\b")
+MIN_COVER = 1 / 8  # a patch belongs to a shape that covers this fraction of it
+
+
+@dataclass
+class AttentionTarget:
+    layer: int
+    head: int
+    query: int  # position whose attention is supervised (it predicts the next token)
+    keys: list[int]  # positions whose attention probabilities should sum to one
+
+
+def object_patches(scene: scenes.Scene, grid: int) -> list[list[list[int]]]:
+    """Per frame, per object: the patch indices it covers (at least its most-covered patch)."""
+    block = scenes.CANVAS // grid
+    out = []
+    for mask, objects in zip(scene.masks, scene.objects):
+        blocks = mask.reshape(grid, block, grid, block).transpose(0, 2, 1, 3).reshape(grid * grid, -1)
+        per_object = []
+        for k in range(1, len(objects) + 1):
+            cover = (blocks == k).mean(1)
+            hit = np.flatnonzero(cover >= MIN_COVER)
+            per_object.append(hit.tolist() if len(hit) else [int(cover.argmax())])
+        out.append(per_object)
+    return out
+
+
+def retrieval_patches(scene: scenes.Scene, qa: scenes.QA, grid: int) -> tuple[list[int], list[int]] | None:
+    """(head A, head B) targets as indices into the scene's image tokens (frame * grid² + patch), or
+    None where no single place answers the question (counting)."""
+    patches = object_patches(scene, grid)
+    n = grid * grid
+
+    def tokens(frames: list[int], obj: int = 0) -> list[int]:
+        return [f * n + p for f in frames for p in patches[f][obj]]
+
+    frames = range(len(scene.frames))
+    colours = [objs[0].colour for objs in scene.objects]
+    if qa.about is not None:
+        t = tokens([0], qa.about)
+        return t, t
+    if qa.qtype in ("first_colour", "last_colour"):
+        want = colours[0] if qa.qtype == "first_colour" else colours[-1]
+        t = tokens([f for f in frames if colours[f] == want])
+        return t, t
+    if qa.qtype == "appears":
+        t = tokens(list(frames))
+        return t, t
+    if qa.qtype == "direction":
+        return tokens([0]), tokens([len(scene.frames) - 1])
+    return None
+
+
+def caption_phrases(scene: scenes.Scene, caption: str) -> list[tuple[int, int, int]]:
+    """(start, end, object index) of each "a red circle" in a caption, article included."""
+    out = []
+    for k, s in enumerate(scene.objects[0]):
+        m = re.search(rf"\b[Aa]n? {s.colour} {s.shape}\b", caption)
+        if m:
+            out.append((m.start(), m.end(), k))
+    return out
+
+
+def overlapping(offsets: list[tuple[int, int]], start: int, end: int) -> list[int]:
+    """Indices of the tokens whose character span overlaps [start, end)."""
+    return [i for i, (a, b) in enumerate(offsets) if a < end and b > start and b > a]
+
+
+def keyword_spans(question: str) -> list[tuple[int, int]]:
+    return [m.span() for m in KEYWORDS.finditer(question.lower())]
