@@ -1,7 +1,7 @@
 """Train the built-in LLaVA-format model from scratch on generated scenes, on a CPU.
 
     python -m vlserve.builtin.train --out vlserve/builtin_model --seed 0 --minutes 80   # the committed run
-    python -m vlserve.builtin.train --out DIR --seed 0 --steps N    # replay: N is in the run's log
+    python -m vlserve.builtin.train --out DIR --seed 0 --steps N    # a fixed length, fully deterministic
 
 The model is transformers' `LlavaForConditionalGeneration` (CLIP vision tower, two-layer MLP
 projector, Llama decoder with grouped-query attention), saved with `save_pretrained`, so the
