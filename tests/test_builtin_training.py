@@ -10,9 +10,9 @@ from transformers import AutoTokenizer
 
 from vlserve.builtin import scenes
 from vlserve.builtin.attention_targets import (
-    KEYWORD_LAYER, RETRIEVAL_HEADS, RETRIEVAL_LAYER, object_patches, retrieval_patches,
+    KEYWORD_LAYER, RETRIEVAL_HEADS, RETRIEVAL_LAYER, AttentionBatch, object_patches, retrieval_patches,
 )
-from vlserve.builtin.train import AttentionBatch, BatchMaker, build_image_processor
+from vlserve.builtin.train import BatchMaker, build_image_processor
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
 GRID = 4

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from vlserve.builtin import scenes
 
@@ -40,6 +41,17 @@ class AttentionTarget:
     head: int
     query: int  # position whose attention is supervised (it predicts the next token)
     keys: list[int]  # positions whose attention probabilities should sum to one
+
+
+@dataclass
+class Turn:
+    """Where one tokenized question/answer turn sits in its sequence."""
+
+    prompt: str  # the chat-templated prompt text of this turn
+    prompt_offsets: list[tuple[int, int]]  # per prompt token (image runs expanded), chars in `prompt`
+    prompt_start: int  # position of the turn's first prompt token
+    answer_offsets: list[tuple[int, int]]  # per answer token, chars in " " + answer + eos
+    answer_start: int  # position of the first answer token
 
 
 def object_patches(scene: scenes.Scene, grid: int) -> list[list[list[int]]]:
@@ -100,3 +112,61 @@ def overlapping(offsets: list[tuple[int, int]], start: int, end: int) -> list[in
 
 def keyword_spans(question: str) -> list[tuple[int, int]]:
     return [m.span() for m in KEYWORDS.finditer(question.lower())]
+
+
+def turn_targets(scene: scenes.Scene, qa: scenes.QA, turn: Turn, image_positions: list[int],
+                 grid: int) -> list[AttentionTarget]:
+    """Every attention target of one turn; `image_positions` are the sequence's image tokens."""
+    query = turn.answer_start - 1  # predicts the first answer token
+    out = []
+    if qa.qtype == "caption":
+        patches = object_patches(scene, grid)[0]
+        for start, end, k in caption_phrases(scene, qa.answer):
+            keys = [image_positions[p] for p in patches[k]]
+            for t in overlapping(turn.answer_offsets, start + 1, end + 1):  # +1: the answer's leading space
+                out += [AttentionTarget(RETRIEVAL_LAYER, h, turn.answer_start + t - 1, keys) for h in RETRIEVAL_HEADS]
+        return out
+    patches = retrieval_patches(scene, qa, grid)
+    if patches is not None:
+        for head, ps in zip(RETRIEVAL_HEADS, patches):
+            out.append(AttentionTarget(RETRIEVAL_LAYER, head, query, [image_positions[p] for p in ps]))
+    q_at = turn.prompt.rfind(qa.question)
+    words = [i for a, b in keyword_spans(qa.question) for i in overlapping(turn.prompt_offsets, q_at + a, q_at + b)]
+    if words:
+        out.append(AttentionTarget(KEYWORD_LAYER, KEYWORD_HEAD, query, [turn.prompt_start + i for i in words]))
+    return out
+
+
+@dataclass
+class AttentionBatch:
+    """All attention targets of a batch as index tensors: entry i supervises
+    attention[layer[i]][row[i], head[i], query[i], :] to put its mass on keys[i] (a 0/1 row)."""
+
+    layer: torch.Tensor
+    row: torch.Tensor
+    head: torch.Tensor
+    query: torch.Tensor
+    keys: torch.Tensor  # [N, T]
+
+    @classmethod
+    def build(cls, per_row: list[list[AttentionTarget]], T: int) -> "AttentionBatch":
+        flat = [(r, t) for r, ts in enumerate(per_row) for t in ts]
+        keys = torch.zeros((len(flat), T))
+        for i, (_, t) in enumerate(flat):
+            keys[i, t.keys] = 1.0
+        col = lambda f: torch.tensor([f(r, t) for r, t in flat], dtype=torch.long)  # noqa: E731
+        return cls(col(lambda r, t: t.layer), col(lambda r, t: r), col(lambda r, t: t.head),
+                   col(lambda r, t: t.query), keys)
+
+    def loss(self, attentions: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Mean over entries of -log(attention mass on the target keys)."""
+        total, n = torch.zeros(()), 0
+        for layer, probs in attentions.items():
+            sel = self.layer == layer
+            if not sel.any():
+                continue
+            p = probs[self.row[sel], self.head[sel], self.query[sel]]  # [n, T]
+            mass = (p * self.keys[sel]).sum(-1)
+            total = total - torch.log(mass.clamp_min(1e-6)).sum()
+            n += int(sel.sum())
+        return total / max(n, 1)

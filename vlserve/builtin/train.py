@@ -52,8 +52,7 @@ from transformers.models.clip.image_processing_pil_clip import CLIPImageProcesso
 
 from vlserve.builtin import scenes
 from vlserve.builtin.attention_targets import (
-    KEYWORD_HEAD, KEYWORD_LAYER, RETRIEVAL_HEADS, RETRIEVAL_LAYER, AttentionTarget, caption_phrases, keyword_spans,
-    object_patches, overlapping, retrieval_patches,
+    KEYWORD_LAYER, RETRIEVAL_LAYER, AttentionBatch, AttentionTarget, Turn, turn_targets,
 )
 from vlserve.builtin.tokenizer import IMAGE, train_tokenizer
 
@@ -170,42 +169,7 @@ class Batch:
     pixel_values: torch.Tensor  # [n_images, 3, H, W], in order of their <image> runs
     patch_targets: torch.Tensor  # [n_images, grid*grid, 4]: shape, colour, row, col
     qtypes: list[list[tuple[str, int, int]]]  # per sequence: (qtype, start, end) of each answer span
-    attention: "AttentionBatch"
-
-
-@dataclass
-class AttentionBatch:
-    """All attention targets of a batch as index tensors: entry i supervises
-    attention[layer[i]][row[i], head[i], query[i], :] to put its mass on keys[i] (a 0/1 row)."""
-
-    layer: torch.Tensor
-    row: torch.Tensor
-    head: torch.Tensor
-    query: torch.Tensor
-    keys: torch.Tensor  # [N, T]
-
-    @classmethod
-    def build(cls, per_row: list[list[AttentionTarget]], T: int) -> "AttentionBatch":
-        flat = [(r, t) for r, ts in enumerate(per_row) for t in ts]
-        keys = torch.zeros((len(flat), T))
-        for i, (_, t) in enumerate(flat):
-            keys[i, t.keys] = 1.0
-        col = lambda f: torch.tensor([f(r, t) for r, t in flat], dtype=torch.long)  # noqa: E731
-        return cls(col(lambda r, t: t.layer), col(lambda r, t: r), col(lambda r, t: t.head),
-                   col(lambda r, t: t.query), keys)
-
-    def loss(self, attentions: dict[int, torch.Tensor]) -> torch.Tensor:
-        """Mean over entries of -log(attention mass on the target keys)."""
-        total, n = torch.zeros(()), 0
-        for layer, probs in attentions.items():
-            sel = self.layer == layer
-            if not sel.any():
-                continue
-            p = probs[self.row[sel], self.head[sel], self.query[sel]]  # [n, T]
-            mass = (p * self.keys[sel]).sum(-1)
-            total = total - torch.log(mass.clamp_min(1e-6)).sum()
-            n += int(sel.sum())
-        return total / max(n, 1)
+    attention: AttentionBatch
 
 
 def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
@@ -238,52 +202,30 @@ class BatchMaker:
         targets: list[AttentionTarget] = []
         n_objects = len(scene.objects[0])
         image_positions: list[int] = []
-        for turn, qa in enumerate(qas):
-            images = [{"type": "image"}] * len(scene.frames) if turn == 0 else []
+        for i, qa in enumerate(qas):
+            images = [{"type": "image"}] * len(scene.frames) if i == 0 else []
             msgs = [{"role": "user", "content": images + [{"type": "text", "text": qa.question}]}]
             prompt = self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-            if turn > 0:
+            if i > 0:
                 prompt = prompt[len(self.tok.bos_token):]
             enc = self.tok(prompt, add_special_tokens=False, return_offsets_mapping=True)
             p_ids, p_offsets = self._expand_images(enc.input_ids, enc.offset_mapping)
-            if turn == 0:
-                image_positions = [i for i, t in enumerate(p_ids) if t == self.image_token_id]
-            a_text = " " + qa.answer + self.tok.eos_token
-            a_enc = self.tok(a_text, add_special_tokens=False, return_offsets_mapping=True)
+            if i == 0:
+                image_positions = [pos for pos, t in enumerate(p_ids) if t == self.image_token_id]
+            a_enc = self.tok(" " + qa.answer + self.tok.eos_token, add_special_tokens=False,
+                             return_offsets_mapping=True)
             a_ids = a_enc.input_ids
             w = QTYPE_WEIGHT[qa.qtype]
             if qa.qtype in ("colour", "shape") and n_objects > 1:
                 w *= MULTI_OBJECT_BOOST
-            prompt_start, answer_start = len(ids), len(ids) + len(p_ids)
-            targets += self._targets(scene, qa, image_positions, prompt, p_offsets, prompt_start,
-                                     a_enc.offset_mapping, answer_start)
+            turn = Turn(prompt, p_offsets, len(ids), a_enc.offset_mapping, len(ids) + len(p_ids))
+            targets += turn_targets(scene, qa, turn, image_positions, self.grid)
             ids += p_ids
             weights += [0.0] * len(p_ids)
-            spans.append((qa.qtype, answer_start, answer_start + len(a_ids)))
+            spans.append((qa.qtype, turn.answer_start, turn.answer_start + len(a_ids)))
             ids += a_ids
             weights += [w] * len(a_ids)
         return ids, weights, spans, targets
-
-    def _targets(self, scene, qa, image_positions, prompt, p_offsets, prompt_start, a_offsets,
-                 answer_start) -> list[AttentionTarget]:
-        """Attention supervision for one turn (see attention_targets.py)."""
-        query = answer_start - 1  # predicts the first answer token
-        out = []
-        if qa.qtype == "caption":
-            for start, end, k in caption_phrases(scene, qa.answer):
-                keys = [image_positions[p] for p in object_patches(scene, self.grid)[0][k]]
-                for t in overlapping(a_offsets, start + 1, end + 1):  # +1: the answer's leading space
-                    out += [AttentionTarget(RETRIEVAL_LAYER, h, answer_start + t - 1, keys) for h in RETRIEVAL_HEADS]
-            return out
-        patches = retrieval_patches(scene, qa, self.grid)
-        if patches is not None:
-            for head, ps in zip(RETRIEVAL_HEADS, patches):
-                out.append(AttentionTarget(RETRIEVAL_LAYER, head, query, [image_positions[p] for p in ps]))
-        q_at = prompt.rfind(qa.question)
-        words = [i for a, b in keyword_spans(qa.question) for i in overlapping(p_offsets, q_at + a, q_at + b)]
-        if words:
-            out.append(AttentionTarget(KEYWORD_LAYER, KEYWORD_HEAD, query, [prompt_start + i for i in words]))
-        return out
 
     def _expand_images(self, ids: list[int], offsets: list[tuple[int, int]]):
         """Each <image> becomes grid² image tokens, as the processor expands it; offsets follow."""
