@@ -99,3 +99,35 @@ def test_requests_wait_for_a_shared_prefix_still_in_chunked_prefill(model_dir):
     assert prefix > 3 * 16  # the shared prefix needs several chunks
     assert all(r.cached_tokens >= prefix - 1 for r in reqs[1:]), [r.cached_tokens for r in reqs]
     engine.scheduler.cm.check_idle_accounting()
+
+
+def test_a_sampling_failure_fails_only_its_own_request(model_dir, monkeypatch):
+    import vlserve.scheduler.scheduler as scheduler_module
+
+    real_sample = scheduler_module.sample
+
+    def sample_failing_on_top_k_7(logits, params, generators):
+        if any(p.top_k == 7 for p in params):
+            raise RuntimeError("sampler bug")
+        return real_sample(logits, params, generators)
+
+    prompts = ["USER: tell me about the sea ASSISTANT:", "USER: and the mountains ASSISTANT:"]
+    greedy = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    engine = _stepped_engine(model_dir, schedule_policy="fcfs")
+    alone = engine.make_request(prompt=prompts[0], sampling_params=greedy)
+    engine.scheduler.add(alone)
+    _finished_step(engine, alone)
+
+    monkeypatch.setattr(scheduler_module, "sample", sample_failing_on_top_k_7)
+    engine = _stepped_engine(model_dir, schedule_policy="fcfs")
+    good = engine.make_request(prompt=prompts[0], sampling_params=greedy)
+    bad = engine.make_request(prompt=prompts[1], sampling_params={**greedy, "temperature": 0.7, "top_k": 7})
+    outputs = {}
+    for r in (good, bad):
+        r.sink = lambda out, rid=r.rid: outputs.setdefault(rid, []).append(out)
+        engine.scheduler.add(r)
+    _finished_step(engine, good)
+    assert bad.finished and bad.finish_reason == "error"
+    assert "sampler bug" in outputs[bad.rid][-1].error
+    assert good.finish_reason == "length" and good.output_ids == alone.output_ids
+    engine.scheduler.cm.check_idle_accounting()

@@ -184,19 +184,46 @@ class Scheduler:
             self.metrics.cached_prompt_tokens.inc(max(0, req.cached_tokens))
         self.cm.cache_prefix(req)
 
-    def _sample_and_emit(self, logits: torch.Tensor, reqs: list[Req]) -> None:
+    def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> tuple[list[int], list[float]]:
         if self.constraints is not None and any(r.constraint is not None for r in reqs):
             self.constraints.mask(logits, reqs)
         ids, logprobs = sample(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
+        return ids.tolist(), logprobs.tolist()
+
+    def _sample_each(self, logits: torch.Tensor, reqs: list[Req]) -> tuple[list[Req], list[int], list[float]]:
+        """After the batched call failed: one request at a time, so only the faulty ones fail."""
+        ok, ids, logprobs = [], [], []
+        for i, req in enumerate(reqs):
+            try:
+                (tok,), (lp,) = self._sample(logits[i:i + 1], [req])
+            except Exception as e:
+                log.exception("sampling failed for request %s", req.rid)
+                self._finish(req, "error", error=f"internal error while sampling: {e}")
+                continue
+            ok.append(req)
+            ids.append(tok)
+            logprobs.append(lp)
+        return ok, ids, logprobs
+
+    def _sample_and_emit(self, logits: torch.Tensor, reqs: list[Req]) -> None:
+        try:
+            ids, logprobs = self._sample(logits, reqs)
+        except Exception:
+            reqs, ids, logprobs = self._sample_each(logits, reqs)
         now = time.monotonic()
-        for req, tok, lp in zip(reqs, ids.tolist(), logprobs.tolist()):
+        for req, tok, lp in zip(reqs, ids, logprobs):
             req.output_ids.append(tok)
             req.output_logprobs.append(lp)
             self.metrics.generation_tokens.inc()
             if req.first_token_time is None:
                 req.first_token_time = now
                 self.metrics.ttft.observe(now - req.arrival_time)
-            replace_from = self.constraints.after_token(req, tok, self.cm) if self.constraints else None
+            try:
+                replace_from = self.constraints.after_token(req, tok, self.cm) if self.constraints else None
+            except Exception as e:  # one request's constraint must not fail the others in the batch
+                log.exception("constraint update failed for request %s", req.rid)
+                self._finish(req, "error", error=f"internal error in the output constraint: {e}")
+                continue
             reason = self.finish_checker.check(req, self.runner.context_len)
             if reason:
                 self._finish(req, reason, replace_from=replace_from)
