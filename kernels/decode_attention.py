@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .launch import LOG2_E, dot_operands, interpreting, num_compute_units, padded_head_dim
-from .paged_tile import load_kv_tile
+from .paged_tile import load_kv_tile, online_softmax_update
 from .validate import check_decode_args
 
 MIN_TOKENS_PER_SPLIT = 256
@@ -71,15 +71,7 @@ def _decode_split_kernel(
         k, v = load_kv_tile(ReqToToken, K, V, row, kv_head, offs_n, mask_n, offs_d, mask_d,
                             stride_rr, stride_rp, stride_ks, stride_kh, stride_kd, stride_vs, stride_vh,
                             stride_vd, UPCAST)
-
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_update(q, k, v, mask_n[None, :], qk_scale, m_i, l_i, acc, DOT_PRECISION)
 
     # An empty split (a request shorter than num_kv_splits) leaves l_i == 0 and m_i == -inf:
     # it stores zeros with lse = -inf, which the merge weighs by exp2(-inf) = 0.

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .launch import LOG2_E, dot_operands, padded_head_dim
-from .paged_tile import load_kv_tile
+from .paged_tile import load_kv_tile, online_softmax_update
 from .validate import check_extend_args
 
 
@@ -77,15 +77,8 @@ def _extend_kernel(
                             stride_rr, stride_rp, stride_ks, stride_kh, stride_kd, stride_vs, stride_vh,
                             stride_vd, UPCAST)
 
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
-        qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_update(q, k, v, visible, qk_scale, m_i, l_i, acc, DOT_PRECISION)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = (acc / l_safe[:, None]).to(O.dtype.element_ty)
