@@ -26,13 +26,14 @@ import threading
 from collections import defaultdict
 
 from vlserve.bench import workloads as W
+from vlserve.bench.client import Job
 from vlserve.bench.models import BENCH_SPEC, SMALL_SPEC, bench_model
 from vlserve.bench.report import write_report
 
 WORKLOADS = ("few_shot", "tree_of_thought", "multi_turn_chat", "questions_per_image", "video_qa")
 
 
-def run_batch(engine, reqs: list[W.BenchRequest]):
+def run_batch(engine, reqs: list[Job]):
     made = [engine.make_request(prompt=r.prompt, image_data=r.images or None, video_data=r.videos or None,
                                 sampling_params={"max_new_tokens": r.max_new_tokens, "temperature": 0,
                                                  "ignore_eos": True}) for r in reqs]

@@ -12,10 +12,11 @@ import torch
 
 from vlserve import Engine
 from vlserve.bench import workloads as W
+from vlserve.bench.client import Job
 from vlserve.bench.models import bench_model
 
 
-def run(model: str, policy: str, reqs: list[W.BenchRequest]) -> str:
+def run(model: str, policy: str, reqs: list[Job]) -> str:
     with Engine(model, schedule_policy=policy, max_total_tokens=65536) as engine:
         engine.generate(prompt="USER: warm up ASSISTANT:", sampling_params={"max_new_tokens": 2})
         start = time.perf_counter()

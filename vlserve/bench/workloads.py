@@ -1,29 +1,28 @@
 """The paper's workloads as batches of requests, deterministic from a seed.
 
-Each workload is a list of BenchRequest (a prompt with `<image>` / `<video>` markers and its
-media). The same list goes to vlserve (Engine or HTTP), to transformers and to vLLM, so the
-figures compare. Images are synthetic scenes drawn with Pillow; videos are sampled frames encoded
-with PyAV when a workload needs a file.
+Each workload is a list of bench Jobs (a prompt with `<image>` / `<video>` markers, its media, and
+NEW_TOKENS to generate with EOS ignored). The same list goes to vlserve (Engine or HTTP), to
+transformers and to vLLM, so the figures compare. Images are synthetic scenes drawn with Pillow;
+videos are sampled frames encoded with PyAV when a workload needs a file.
 """
 
 import io
 import random
-from dataclasses import dataclass, field
-
 import numpy as np
 from PIL import Image, ImageDraw
+
+from vlserve.bench.client import Job
 
 WORDS = ("the a quick brown fox jumps over lazy dog red green blue circle square triangle left right "
          "top bottom small large shape colour picture image video frame moves appears first last "
          "question answer model scene bright dark light shadow water tree house road car bird").split()
 
 
-@dataclass
-class BenchRequest:
-    prompt: str
-    images: list[bytes] = field(default_factory=list)
-    videos: list[bytes] = field(default_factory=list)
-    max_new_tokens: int = 16
+NEW_TOKENS = 16  # every workload request generates exactly this many tokens, EOS ignored
+
+
+def _request(prompt: str, images: list[bytes] | None = None, videos: list[bytes] | None = None) -> Job:
+    return Job(prompt, images or [], videos or [], max_new_tokens=NEW_TOKENS, ignore_eos=True)
 
 
 def scene_png(seed: int, size: int = 224) -> bytes:
@@ -61,24 +60,24 @@ def _sentence(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def few_shot(n: int = 24, examples: int = 8, seed: int = 0) -> list[BenchRequest]:
+def few_shot(n: int = 24, examples: int = 8, seed: int = 0) -> list[Job]:
     """Shared few-shot examples, distinct questions (the paper's MMLU-style workload)."""
     rng = random.Random(seed)
     shots = "".join(f"Question: {_sentence(rng, 12)}?\nAnswer: {_sentence(rng, 6)}.\n\n" for _ in range(examples))
     header = "USER: Answer like the examples.\n\n" + shots
-    return [BenchRequest(f"{header}Question: {_sentence(rng, 12)}?\nAnswer: ASSISTANT:") for _ in range(n)]
+    return [_request(f"{header}Question: {_sentence(rng, 12)}?\nAnswer: ASSISTANT:") for _ in range(n)]
 
 
-def questions_per_image(images: int = 4, questions: int = 6, seed: int = 0) -> list[BenchRequest]:
+def questions_per_image(images: int = 4, questions: int = 6, seed: int = 0) -> list[Job]:
     rng = random.Random(seed)
     reqs = []
     for i in range(images):
         png = scene_png(seed * 100 + i)
-        reqs += [BenchRequest(f"USER: <image>\n{_sentence(rng, 10)}? ASSISTANT:", [png]) for _ in range(questions)]
+        reqs += [_request(f"USER: <image>\n{_sentence(rng, 10)}? ASSISTANT:", [png]) for _ in range(questions)]
     return reqs
 
 
-def tree_of_thought(branches: int = 3, depth: int = 3, seed: int = 0) -> list[BenchRequest]:
+def tree_of_thought(branches: int = 3, depth: int = 3, seed: int = 0) -> list[Job]:
     """Every node of a thought tree is a request: the problem plus the thoughts on its path."""
     rng = random.Random(seed)
     problem = f"USER: Solve step by step: {_sentence(rng, 30)}.\n"
@@ -89,12 +88,12 @@ def tree_of_thought(branches: int = 3, depth: int = 3, seed: int = 0) -> list[Be
             for b in range(branches):
                 child = path + f"Thought {b}: {_sentence(rng, 10)}.\n"
                 nxt.append(child)
-                reqs.append(BenchRequest(child + "Next thought: ASSISTANT:"))
+                reqs.append(_request(child + "Next thought: ASSISTANT:"))
         frontier = nxt
     return reqs
 
 
-def multi_turn_chat(sessions: int = 4, turns: int = 4, seed: int = 0) -> list[BenchRequest]:
+def multi_turn_chat(sessions: int = 4, turns: int = 4, seed: int = 0) -> list[Job]:
     """Each turn resends the session's history (with an image in the first turn) plus a new question."""
     rng = random.Random(seed)
     reqs = []
@@ -102,25 +101,25 @@ def multi_turn_chat(sessions: int = 4, turns: int = 4, seed: int = 0) -> list[Be
         png = scene_png(seed * 100 + 50 + s)
         history = f"USER: <image>\n{_sentence(rng, 10)}? ASSISTANT: {_sentence(rng, 12)}.</s>"
         for _ in range(turns):
-            reqs.append(BenchRequest(history + f"USER: {_sentence(rng, 10)}? ASSISTANT:", [png]))
+            reqs.append(_request(history + f"USER: {_sentence(rng, 10)}? ASSISTANT:", [png]))
             history += f"USER: {_sentence(rng, 10)}? ASSISTANT: {_sentence(rng, 12)}.</s>"
     return reqs
 
 
-def video_qa(videos: int = 3, questions: int = 4, frames: int = 8, seed: int = 0) -> list[BenchRequest]:
+def video_qa(videos: int = 3, questions: int = 4, frames: int = 8, seed: int = 0) -> list[Job]:
     rng = random.Random(seed)
     reqs = []
     for v in range(videos):
         clip = video_mp4(seed * 100 + v, frames)
-        reqs += [BenchRequest(f"USER: <video>\n{_sentence(rng, 10)}? ASSISTANT:", videos=[clip])
+        reqs += [_request(f"USER: <video>\n{_sentence(rng, 10)}? ASSISTANT:", videos=[clip])
                  for _ in range(questions)]
     return reqs
 
 
-def zero_reuse(n: int = 24, seed: int = 0) -> list[BenchRequest]:
+def zero_reuse(n: int = 24, seed: int = 0) -> list[Job]:
     """ShareGPT-like control: unrelated prompts of varied length, nothing to share."""
     rng = random.Random(seed)
-    return [BenchRequest(f"{rng.choice(WORDS).upper()}{rng.randrange(10**6)} {_sentence(rng, rng.randint(20, 120))}")
+    return [_request(f"{rng.choice(WORDS).upper()}{rng.randrange(10**6)} {_sentence(rng, rng.randint(20, 120))}")
             for _ in range(n)]
 
 
