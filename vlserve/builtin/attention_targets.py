@@ -56,10 +56,9 @@ class Turn:
 
 def object_patches(scene: scenes.Scene, grid: int) -> list[list[list[int]]]:
     """Per frame, per object: the patch indices it covers (at least its most-covered patch)."""
-    block = scenes.CANVAS // grid
     out = []
     for mask, objects in zip(scene.masks, scene.objects):
-        blocks = mask.reshape(grid, block, grid, block).transpose(0, 2, 1, 3).reshape(grid * grid, -1)
+        blocks = scenes.patch_blocks(mask, grid)
         per_object = []
         for k in range(1, len(objects) + 1):
             cover = (blocks == k).mean(1)

@@ -113,6 +113,13 @@ def render(shapes: list[Shape], background: str, rng: random.Random) -> tuple[Im
     return img, np.asarray(mask, dtype=np.uint8).copy()
 
 
+def patch_blocks(mask: np.ndarray, grid: int) -> np.ndarray:
+    """A label mask cut into the model's grid x grid patches: [grid * grid, pixels per patch],
+    patches in row-major order (the order of the image tokens)."""
+    block = CANVAS // grid
+    return mask.reshape(grid, block, grid, block).transpose(0, 2, 1, 3).reshape(grid * grid, -1)
+
+
 # ---------------------------------------------------------------- image scenes
 
 

@@ -178,7 +178,7 @@ def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
     rows, cols = np.divmod(np.arange(grid * grid), grid)
     out = []
     for mask, objects in zip(scene.masks, scene.objects):
-        blocks = mask.reshape(grid, block, grid, block).transpose(0, 2, 1, 3).reshape(grid * grid, -1)
+        blocks = scenes.patch_blocks(mask, grid)
         counts = np.stack([(blocks == k).sum(1) for k in range(len(objects) + 1)], axis=1)
         counts[:, 0] = 0
         owner = counts.argmax(1)
