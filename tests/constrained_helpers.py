@@ -64,13 +64,33 @@ def decode_bytes(tokenizer, ids: list[int]) -> bytes:
     return b"".join(table[i] for i in ids)
 
 
+def apply_jump(state, output: list[int]):
+    """propose_jump, then the one apply the scheduler makes (the state walks the new tail)."""
+    from vlserve.constrained import propose_jump
+
+    jf = propose_jump(state, output)
+    if jf is not None:
+        state.replace_tail(jf.keep_len, jf.new_output_ids[jf.keep_len:])
+    return jf
+
+
+def walked(compiled, ids: list[int]):
+    """A fresh state advanced through ids: what a state that saw exactly these tokens must equal."""
+    from vlserve.constrained import ConstraintState
+
+    state = ConstraintState(compiled)
+    for tid in ids:
+        state.advance(tid)
+    return state
+
+
 def run_decode(compiled, pick, jump: bool, max_steps: int = 200, vocab_size: int | None = None):
     """Drive one request: mask → pick → advance → try_jump_forward, as the engine does.
 
     pick(text_bytes, allowed_bool_row) -> token id. Returns (output_ids, finished, n_jumps)."""
-    from vlserve.constrained import apply_constraint_masks
+    from vlserve.constrained import ConstraintState, apply_constraint_masks
 
-    state = compiled.new_state()
+    state = ConstraintState(compiled)
     n = vocab_size or compiled.vocab.size
     output: list[int] = []
     jumps = 0
@@ -87,7 +107,7 @@ def run_decode(compiled, pick, jump: bool, max_steps: int = 200, vocab_size: int
             return output, True, jumps
         output.append(token)
         if jump:
-            jf = state.try_jump_forward(output)
+            jf = apply_jump(state, output)
             if jf is not None:
                 table = compiled.vocab.token_bytes
                 old_text = b"".join(table[t] for t in output).decode("utf-8", errors="ignore")
@@ -95,10 +115,8 @@ def run_decode(compiled, pick, jump: bool, max_steps: int = 200, vocab_size: int
                 assert new_text == old_text + jf.jumped_text and len(jf.jumped_text) >= 2
                 assert jf.new_output_ids[: jf.keep_len] == output[: jf.keep_len]
                 output = jf.new_output_ids
-                assert state.output_ids == output
-                fresh = compiled.new_state()  # the state is exactly a walk of the new ids
-                for tid in output:
-                    fresh.advance(tid)
+                assert state.num_tokens == len(output)
+                fresh = walked(compiled, output)  # the state is exactly a walk of the new ids
                 assert (fresh.token_states, fresh.byte_states) == (state.token_states, state.byte_states)
                 jumps += 1
     return output, state.is_terminated(), jumps

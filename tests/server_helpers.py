@@ -1,5 +1,5 @@
 """Shared by tests/test_server_*.py: ONE real server (uvicorn on 127.0.0.1, a free port) for the whole
-session, media builders, and the leak check (invariant 1 and 6 of DESIGN.md after every error)."""
+session, media builders, and the leak check (invariants 1 and 7 of docs/ARCHITECTURE.md after every error)."""
 
 import atexit
 import base64
@@ -16,7 +16,7 @@ from PIL import Image
 
 from vlserve.server.app import make_engine
 from vlserve.server.background import BackgroundServer
-from vlserve.server_args import ServerArgs
+from vlserve.server.args import ServerArgs
 
 _lock = threading.RLock()
 _shared: dict = {}

@@ -7,9 +7,9 @@ import json
 
 import pytest
 import torch
-from constrained_helpers import decode_bytes, train_tokenizer
+from constrained_helpers import apply_jump, decode_bytes, train_tokenizer, walked
 
-from vlserve.constrained import ConstraintCompiler, ConstraintError, apply_constraint_masks
+from vlserve.constrained import ConstraintCompiler, ConstraintError, ConstraintState, apply_constraint_masks
 from vlserve.constrained.vocab import token_bytes_table
 
 
@@ -57,7 +57,7 @@ def test_regex_mask_is_exactly_the_viable_tokens(compiler, tok, table, regex, la
     compiled = compiler.compile(regex=regex)
     eos = tok.eos_token_id
     for word in language[:40]:  # walk each word byte by byte, checking the mask at every step
-        state = compiled.new_state()
+        state = ConstraintState(compiled)
         ids = tok.encode(word.decode(), add_special_tokens=False)
         text = b""
         for tid in ids:
@@ -71,7 +71,7 @@ def test_regex_mask_is_exactly_the_viable_tokens(compiler, tok, table, regex, la
 
 
 def test_disallowed_token_and_early_eos_raise(compiler, tok):
-    state = compiler.compile(regex="(yes|no)").new_state()
+    state = ConstraintState(compiler.compile(regex="(yes|no)"))
     with pytest.raises(ValueError, match="not allowed"):
         state.advance(tok.encode("x", add_special_tokens=False)[0])
     with pytest.raises(ValueError, match="EOS"):
@@ -87,39 +87,37 @@ PERSON = {
 
 def test_json_schema_jumps_over_long_constant_keys(compiler, tok, table):
     compiled = compiler.compile(json_schema=PERSON)
-    state = compiled.new_state()
-    jf = state.try_jump_forward([])
+    state = ConstraintState(compiled)
+    jf = apply_jump(state, [])
     assert jf is not None and jf.keep_len == 0
     assert jf.jumped_text == '{"name": "'
     assert decode_bytes(tok, jf.new_output_ids) == b'{"name": "'
-    assert state.output_ids == jf.new_output_ids
+    assert walked(compiled, jf.new_output_ids).token_states == state.token_states
     out = list(jf.new_output_ids)
     for tid in tok.encode('Bob"', add_special_tokens=False):
         state.advance(tid)
         out.append(tid)
-    jf = state.try_jump_forward(out)
+    jf = apply_jump(state, out)
     # `, "age": ` or, when a space token can grow into ` 3`, ` 42`…, the stable `, "age":`
     assert jf is not None and jf.jumped_text in (', "age": ', ', "age":')
     assert decode_bytes(tok, jf.new_output_ids) == b'{"name": "Bob"' + jf.jumped_text.encode()
-    assert state.try_jump_forward(jf.new_output_ids) is None  # the integer is the model's choice
+    assert apply_jump(state, jf.new_output_ids) is None  # the integer is the model's choice
 
 
 def test_jump_retokenises_across_the_junction(compiler, tok, table):
     """The model wrote `{"na` one byte at a time; the jump re-encodes `{"name": "` as a whole."""
     compiled = compiler.compile(json_schema=PERSON)
-    state = compiled.new_state()
+    state = ConstraintState(compiled)
     byte_ids = [table.index(bytes([b])) for b in b'{"na']
     for tid in byte_ids:
         state.advance(tid)
-    jf = state.try_jump_forward(byte_ids)
+    jf = apply_jump(state, byte_ids)
     assert jf is not None
     assert decode_bytes(tok, jf.new_output_ids) == b'{"name": "'
     assert jf.new_output_ids == tok.encode('{"name": "', add_special_tokens=False)
     assert jf.keep_len < len(byte_ids)  # token boundaries moved
     assert jf.jumped_text == 'me": "'
-    fresh = compiled.new_state()
-    for tid in jf.new_output_ids:
-        fresh.advance(tid)
+    fresh = walked(compiled, jf.new_output_ids)
     assert fresh.token_states == state.token_states and fresh.byte_states == state.byte_states
     assert allowed_set(fresh, len(tok)) == allowed_set(state, len(tok))
 
@@ -139,31 +137,31 @@ def test_jump_stops_before_a_token_the_model_could_extend(compiler, tok, table):
     t, x = _extendable_pair(tok, table)
     import re
 
-    extendable = compiler.compile(regex=re.escape(t) + f"({re.escape(x)}|7)").new_state()
-    assert extendable.try_jump_forward([]) is None  # `t` could still grow into `t+x`
-    closed = compiler.compile(regex=re.escape(t) + "(7|8)").new_state()
-    jf = closed.try_jump_forward([])
+    extendable = ConstraintState(compiler.compile(regex=re.escape(t) + f"({re.escape(x)}|7)"))
+    assert apply_jump(extendable, []) is None  # `t` could still grow into `t+x`
+    closed = ConstraintState(compiler.compile(regex=re.escape(t) + "(7|8)"))
+    jf = apply_jump(closed, [])
     assert jf is not None and jf.jumped_text == t
 
 
 def test_jump_never_splits_a_utf8_character(compiler, tok):
-    state = compiler.compile(regex="東京 😀 (a|b)").new_state()
-    jf = state.try_jump_forward([])
+    state = ConstraintState(compiler.compile(regex="東京 😀 (a|b)"))
+    jf = apply_jump(state, [])
     assert jf is not None
     assert "東京 😀 ".startswith(jf.jumped_text)
     assert decode_bytes(tok, jf.new_output_ids) == jf.jumped_text.encode()
 
 
 def test_no_jump_in_an_accepting_state(compiler):
-    state = compiler.compile(regex="ab(cdef)?").new_state()
-    jf = state.try_jump_forward([])
+    state = ConstraintState(compiler.compile(regex="ab(cdef)?"))
+    jf = apply_jump(state, [])
     assert jf is None or jf.jumped_text == "ab"
-    assert state.try_jump_forward(state.output_ids) is None  # after "ab": EOS or "cdef"
+    assert apply_jump(state, jf.new_output_ids if jf else []) is None  # after "ab": EOS or "cdef"
 
 
 def test_batched_masks(compiler, tok):
-    a = compiler.compile(regex="(yes|no)").new_state()
-    b = compiler.compile(regex="[0-9]+").new_state()
+    a = ConstraintState(compiler.compile(regex="(yes|no)"))
+    b = ConstraintState(compiler.compile(regex="[0-9]+"))
     padded = len(tok) + 7  # model embedding rows past the tokenizer
     logits = torch.randn(3, padded)
     before = logits.clone()
@@ -201,14 +199,13 @@ def test_bad_constraints_get_a_named_error(compiler, kwargs, fragment):
         compiler.compile(**kwargs)
 
 
-def test_compile_is_cached_and_async(compiler):
+def test_compile_is_cached(compiler):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     first = compiler.compile(json_schema=schema)
     assert compiler.compile(json_schema=json.dumps(schema)) is first
-    assert compiler.compile_async(json_schema=schema).result(timeout=30) is first
-    future = compiler.compile_async(regex="[a-z]{2,4}@example\\.com")
-    assert future is compiler.compile_async(regex="[a-z]{2,4}@example\\.com")
-    assert future.result(timeout=30).new_state().try_jump_forward([]) is None
-    bad = compiler.compile_async(regex="a(b")
-    with pytest.raises(ConstraintError):
-        bad.result(timeout=30)
+    email = compiler.compile(regex="[a-z]{2,4}@example\\.com")
+    assert email is compiler.compile(regex="[a-z]{2,4}@example\\.com")
+    assert apply_jump(ConstraintState(email), []) is None
+    for _ in range(2):  # the error is cached too, and raised again
+        with pytest.raises(ConstraintError):
+            compiler.compile(regex="a(b")

@@ -22,7 +22,7 @@ from constrained_helpers import WORDS, run_decode, train_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vlserve.constrained import ConstraintCompiler
+from vlserve.constrained import ConstraintCompiler, ConstraintState
 
 TOKENIZER = train_tokenizer()
 COMPILER = ConstraintCompiler(TOKENIZER)
@@ -108,7 +108,7 @@ def greedy_text_model(compiled):
 
     def next_choice(text: bytes) -> int:  # a byte value, or 256 for EOS
         if text not in cache:
-            state = compiled.new_state()
+            state = ConstraintState(compiled)
             for b in text:
                 state.advance(byte_token[b])
             row = compiled.mask(state.token_state)

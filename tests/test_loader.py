@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from vlserve.model.config import CheckpointError
+from vlserve.core.errors import CheckpointError
 from vlserve.model.loader import load_model
 from vlserve.model.tiny import TinyModelSpec, make_tiny_model
 

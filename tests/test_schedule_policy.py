@@ -10,7 +10,7 @@ from vlserve.scheduler.policy import SchedulePolicy
 @dataclass(eq=False)
 class Req:
     name: str
-    key: list[int]
+    seq: list[int]
     arrival_step: int = 0
     matched_len: int = -1
 
@@ -49,12 +49,12 @@ def run_one_at_a_time(policy_name: str, reqs: list[Req], capacity: int) -> tuple
     while waiting:
         req = policy.order(waiting)[0]
         waiting.remove(req)
-        match = cache.match_prefix(req.key)
+        match = cache.match_prefix(req.seq)
         cache.lock(match.node)
-        need = len(req.key) - match.prefix_len
+        need = len(req.seq) - match.prefix_len
         if need > len(pool.free_slots):
             cache.evict(need - len(pool.free_slots))
-        cache.insert(req.key, torch.cat([match.indices, pool.alloc(need)]))
+        cache.insert(req.seq, torch.cat([match.indices, pool.alloc(need)]))
         cache.unlock(match.node)
         served.append(req.name)
         computed += need
@@ -117,7 +117,7 @@ def is_dfs_order(keys: list[list[int]]) -> bool:
 
 
 def test_lpm_serves_in_dfs_order_and_computes_each_token_once():
-    by_name = {r.name: r.key for r in FIGURE_3_REQUESTS}
+    by_name = {r.name: r.seq for r in FIGURE_3_REQUESTS}
     distinct_tokens = len({tuple(k[:n]) for k in by_name.values() for n in range(1, len(k) + 1)})
     capacity = max(len(k) for k in by_name.values())  # Theorem 3.1: cache >= longest request
     served, computed = run_one_at_a_time("lpm", FIGURE_3_REQUESTS, capacity)
@@ -201,7 +201,7 @@ def test_defer_shared_prefix_waits_one_round():
     assert wait == []
     # next round r1's prompt is cached, so r2 hits it and nothing is shared uncached
     pool = Pool()
-    cache.insert(r1.key, pool.alloc(len(r1.key)))
+    cache.insert(r1.seq, pool.alloc(len(r1.seq)))
     r5 = Req("r5", SYS + [10, 11, 12, 13, 21], 4)
     admit, wait = policy.defer_shared_prefix([r2, r5], threshold_tokens=4)
     assert (names(admit), wait) == (["r2", "r5"], [])

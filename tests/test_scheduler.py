@@ -12,7 +12,7 @@ def model_dir(tmp_path_factory):
 
 
 def _stepped_engine(model_dir, **kwargs) -> Engine:
-    """An engine whose loop thread is stopped, so the test drives scheduler.step() itself."""
+    """An engine whose loop thread is stopped, so the test drives engine.step() itself."""
     engine = Engine(model_dir, max_total_tokens=4096, **kwargs)
     engine.shutdown()
     return engine
@@ -22,7 +22,7 @@ def _finished_step(engine, req, max_steps=200):
     for step in range(max_steps):
         if req.finished:
             return step
-        engine.scheduler.step()
+        engine.step()
     raise AssertionError("request never finished")
 
 
@@ -41,7 +41,7 @@ def test_aging_bounds_the_wait_of_a_request_with_no_cache_hit(model_dir, max_wai
     for step in range(4 * max_wait_steps + 10):
         # a new high-hit request every step: lpm alone would always prefer it over `cold`
         sched.add(engine.make_request(prompt=hot + str(step), sampling_params={"max_new_tokens": 1}))
-        sched.step()
+        engine.step()
         if cold.finished:
             admitted_at = step
             break
@@ -63,7 +63,7 @@ def test_lpm_without_aging_pressure_prefers_cache_hits(model_dir):
         sched.add(r)
     order = []
     for _ in range(10):
-        sched.step()
+        engine.step()
         order += [r for r in [cold] + hits if r.finished and r not in order]
     assert order[-1] is cold
 
@@ -74,10 +74,10 @@ def test_in_batch_prefix_sharing_computes_a_shared_prefix_once(model_dir):
     reqs = [engine.make_request(prompt=shared + str(i), sampling_params={"max_new_tokens": 1}) for i in range(4)]
     for r in reqs:
         engine.scheduler.add(r)
-    engine.scheduler.step()
+    engine.step()
     assert reqs[0].finished and not any(r.finished for r in reqs[1:])  # the others waited one round
     for _ in range(3):
-        engine.scheduler.step()
+        engine.step()
     assert all(r.finished for r in reqs)
     prefix = len(engine.make_request(prompt=shared, sampling_params={}).input_ids)
     assert all(r.cached_tokens >= prefix - 1 for r in reqs[1:])
@@ -92,7 +92,7 @@ def test_requests_wait_for_a_shared_prefix_still_in_chunked_prefill(model_dir):
     for r in reqs:
         engine.scheduler.add(r)
     for _ in range(40):
-        engine.scheduler.step()
+        engine.step()
         if all(r.finished for r in reqs):
             break
     prefix = len(engine.make_request(prompt=shared, sampling_params={}).input_ids)
@@ -102,9 +102,9 @@ def test_requests_wait_for_a_shared_prefix_still_in_chunked_prefill(model_dir):
 
 
 def test_a_sampling_failure_fails_only_its_own_request(model_dir, monkeypatch):
-    import vlserve.scheduler.scheduler as scheduler_module
+    import vlserve.runner.sample_step as sample_step
 
-    real_sample = scheduler_module.sample
+    real_sample = sample_step.sample
 
     def sample_failing_on_top_k_7(logits, params, generators):
         if any(p.top_k == 7 for p in params):
@@ -118,7 +118,7 @@ def test_a_sampling_failure_fails_only_its_own_request(model_dir, monkeypatch):
     engine.scheduler.add(alone)
     _finished_step(engine, alone)
 
-    monkeypatch.setattr(scheduler_module, "sample", sample_failing_on_top_k_7)
+    monkeypatch.setattr(sample_step, "sample", sample_failing_on_top_k_7)
     engine = _stepped_engine(model_dir, schedule_policy="fcfs")
     good = engine.make_request(prompt=prompts[0], sampling_params=greedy)
     bad = engine.make_request(prompt=prompts[1], sampling_params={**greedy, "temperature": 0.7, "top_k": 7})

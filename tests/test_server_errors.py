@@ -9,7 +9,7 @@ import pytest
 
 from server_helpers import assert_leak_free, data_uri, image_message, mp4, png, png_bomb, start_server
 from vlserve.server.background import BackgroundServer
-from vlserve.server_args import ServerArgs
+from vlserve.server.args import ServerArgs
 
 
 def user(content) -> dict:

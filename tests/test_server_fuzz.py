@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 
 from server_helpers import assert_leak_free, start_server
 from vlserve.server.app import build_app
-from vlserve.server_args import ServerArgs
+from vlserve.server.args import ServerArgs
 
 MAX_EXAMPLES = 25
 

@@ -98,8 +98,6 @@ def test_upload_video(http):
 
 
 def test_constrained_generate_and_upload(server, http):
-    if server[0].scheduler.constraints is None:
-        pytest.skip("this build has no constrained decoding")
     out = http.post("/generate", json={"text": "Is it red?", "sampling_params": {"regex": "(yes|no)",
                                                                                "max_new_tokens": 8}}).json()
     assert out["text"] in ("yes", "no") and out["meta_info"]["finish_reason"] == "stop"

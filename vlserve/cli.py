@@ -4,7 +4,8 @@ import argparse
 import json
 import sys
 
-from vlserve.server_args import ServerArgs
+from vlserve.core.config import EngineArgs
+from vlserve.server.args import ServerArgs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    ServerArgs.add_cli_args(gen)
+    EngineArgs.add_cli_args(gen)
 
     tiny = sub.add_parser("make-tiny-model", help="write a tiny random LLaVA checkpoint (Hugging Face format)")
     tiny.add_argument("dir")
@@ -52,14 +53,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _generate(args) -> int:
     from vlserve import Engine
-    from vlserve.preprocess import MediaError
-    from vlserve.sampling.params import InvalidRequest
+    from vlserve.core.errors import InvalidRequest, MediaError
 
-    server_args = ServerArgs.from_cli(args)
-    engine_kwargs = {k: v for k, v in vars(server_args).items() if k not in ("model", "host", "port", "api_key")}
-    allowed = server_args.allowed_media_path or "/"
-    engine_kwargs["allowed_media_path"] = allowed  # files named on the command line are the user's own
-    with Engine(server_args.model, **engine_kwargs) as engine:
+    engine_args = EngineArgs.from_cli(args)
+    engine_args.allowed_media_path = engine_args.allowed_media_path or "/"  # files named here are the user's own
+    with Engine(**engine_args.engine_kwargs()) as engine:
         prompt = args.prompt
         if args.chat:
             parts = [{"type": "image"} for _ in args.image] + [{"type": "text", "text": "<video>"} for _ in args.video]

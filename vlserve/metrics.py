@@ -1,4 +1,4 @@
-"""Prometheus metrics (names fixed in DESIGN.md; prefix vlserve_). One registry per engine."""
+"""Prometheus metrics (names are an interface other programs rely on; prefix vlserve_). One registry per engine."""
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 

@@ -2,7 +2,8 @@
 
 The English side is what any Python install carries: the docstrings of the standard library and the
 licence texts under /usr/share/common-licenses, so chat prompts that are not about shapes still
-tokenize into sensible pieces. The chat template (LLaVA-1.5 style) is stored with the tokenizer.
+tokenize into sensible pieces. The chat template (model/checkpoint_tools.py, LLaVA-1.5) is stored
+with the tokenizer.
 """
 
 from __future__ import annotations
@@ -16,29 +17,10 @@ from transformers import PreTrainedTokenizerFast
 
 from vlserve.builtin import scenes
 from vlserve.model.bpe import train_byte_level_bpe
+from vlserve.model.checkpoint_tools import BOS, EOS, IMAGE_TOKEN, PAD, llava_tokenizer
 
-BOS, EOS, PAD, IMAGE = "<s>", "</s>", "<pad>", "<image>"
+IMAGE = IMAGE_TOKEN
 SPECIAL_TOKENS = [BOS, EOS, PAD, IMAGE]
-
-# "USER: <image><image>\n{question} ASSISTANT: {answer}</s>"; every image part (a video arrives as its
-# frames, one image part each) renders as one <image>, which the processor expands to its patch tokens.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{% set content = message['content'] %}"
-    "{% if content is string %}{% set images = 0 %}{% set text = content %}"
-    "{% else %}"
-    "{% set images = content | selectattr('type', 'in', ['image', 'image_url']) | list | length %}"
-    "{% set text = content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join(' ') %}"
-    "{% endif %}"
-    "{% if message['role'] == 'system' %}{{ text }} "
-    "{% elif message['role'] == 'user' %}USER: {{ '<image>' * images }}{% if images %}{{ '\\n' }}{% endif %}{{ text }} "
-    "{% elif message['role'] == 'assistant' %}ASSISTANT: {{ text }}</s>"
-    "{% else %}{{ raise_exception('unknown role: ' + message['role']) }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
-)
 
 
 def english_corpus(max_chars: int = 3_000_000) -> list[str]:
@@ -81,17 +63,7 @@ def scene_corpus(n: int, seed: int) -> list[str]:
 
 def train_tokenizer(vocab_size: int = 3000, seed: int = 0) -> PreTrainedTokenizerFast:
     tok = train_byte_level_bpe(english_corpus() + scene_corpus(3000, seed), vocab_size, SPECIAL_TOKENS)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        extra_special_tokens={"image_token": IMAGE},
-        model_max_length=2048,
-        clean_up_tokenization_spaces=False,
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return llava_tokenizer(tok, 2048, unk=False, clean_up_tokenization_spaces=False)
 
 
 if __name__ == "__main__":

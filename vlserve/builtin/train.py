@@ -55,10 +55,9 @@ from vlserve.builtin.attention_targets import (
     KEYWORD_LAYER, RETRIEVAL_LAYER, AttentionBatch, AttentionTarget, Turn, turn_targets,
 )
 from vlserve.builtin.tokenizer import IMAGE, train_tokenizer
+from vlserve.model.checkpoint_tools import clip_image_processor_kwargs
 
 IMAGE_SIZE = 64
-CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
-CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
 QTYPE_WEIGHT = {
     "colour": 1.0, "shape": 1.0, "count": 1.0, "position": 2.0, "caption": 1.0,
@@ -117,12 +116,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast, patch: int = 16, text_layers
 
 
 def build_image_processor() -> CLIPImageProcessorPil:
-    return CLIPImageProcessorPil(
-        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-        do_resize=True, do_center_crop=True, do_rescale=True, rescale_factor=1 / 255,
-        do_normalize=True, image_mean=CLIP_MEAN, image_std=CLIP_STD, do_convert_rgb=True,
-        resample=3,
-    )
+    return CLIPImageProcessorPil(**clip_image_processor_kwargs(IMAGE_SIZE))
 
 
 def save_checkpoint(model, tokenizer, image_processor, out: Path, logs: list[Path] = ()) -> None:

@@ -2,15 +2,15 @@
 
 Per decode step, for a request with a ConstraintState `st` (see README.md):
     apply_constraint_masks(logits, states) → sample → st.advance(token) → st.is_terminated()?
-    → jump = st.try_jump_forward(output_ids) → if jump: output_ids[jump.keep_len:] is replaced by
-    jump.new_output_ids[jump.keep_len:], whose KV is computed in one extend pass.
+    → jump = propose_jump(st, output_ids) → the caller applies it once: output_ids[jump.keep_len:]
+    becomes jump.new_output_ids[jump.keep_len:] (st.replace_tail), computed in one extend pass.
 """
 
 from vlserve.constrained.compiler import CompiledConstraint, ConstraintCompiler
-from vlserve.constrained.errors import ConstraintError
-from vlserve.constrained.jump_forward import JumpForward
+from vlserve.constrained.jump_forward import JumpForward, propose_jump
 from vlserve.constrained.masks import apply_constraint_masks
 from vlserve.constrained.state import ConstraintState
+from vlserve.core.errors import ConstraintError  # re-exported: the error this package raises
 
 __all__ = [
     "CompiledConstraint",
@@ -19,4 +19,5 @@ __all__ = [
     "ConstraintState",
     "JumpForward",
     "apply_constraint_masks",
+    "propose_jump",
 ]

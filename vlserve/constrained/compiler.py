@@ -1,9 +1,9 @@
 """Compile a regex or JSON schema into a token automaton plus the compressed byte FSM.
 
-One ConstraintCompiler per model tokenizer. compile() is expensive (tens of ms at a 32k vocab)
-and is meant for a worker thread; compile_async() runs it on the compiler's own thread and
-shares one Future between concurrent requests for the same constraint, so the engine loop only
-polls `future.done()`. Results (and errors) are kept in an LRU cache keyed by (kind, text).
+One ConstraintCompiler per model tokenizer. compile() is expensive (tens of ms at a 32k vocab):
+the engine calls it while building a request, off the scheduling loop. Concurrent requests for
+the same constraint share one Future (the first compiles, the others wait on it); results and
+errors are kept in an LRU cache keyed by (kind, text).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import bisect
 import json
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import torch
 from outlines_core import Index, Vocabulary
 
-from vlserve.constrained.errors import ConstraintError
+from vlserve.core.errors import ConstraintError
 from vlserve.constrained.fsm import ByteDFA, build_byte_dfa, with_end_sentinel
 from vlserve.constrained.schema import schema_to_regex
 from vlserve.constrained.vocab import eos_token_ids, token_bytes_table
@@ -75,11 +75,6 @@ class CompiledConstraint:
         self._masks: dict[int, torch.Tensor] = {}
         self._eos = torch.tensor(vocab.eos_ids, dtype=torch.long)
 
-    def new_state(self):
-        from vlserve.constrained.state import ConstraintState
-
-        return ConstraintState(self)
-
     def is_accepting(self, state: int) -> bool:
         return state in self.byte_dfa.accepting
 
@@ -117,32 +112,21 @@ class ConstraintCompiler:
         self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._cache_size = cache_size
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="constraint-compile")
 
     def compile(self, regex: str | None = None, json_schema: str | dict | None = None) -> CompiledConstraint:
         """Blocking compile (cached). Raises ConstraintError naming the problem."""
-        return self._future(regex, json_schema, run_here=True).result()
-
-    def compile_async(self, regex: str | None = None, json_schema: str | dict | None = None) -> Future:
-        """Non-blocking: a Future of CompiledConstraint (or ConstraintError) from the worker."""
-        return self._future(regex, json_schema, run_here=False)
-
-    def _future(self, regex, json_schema, run_here: bool) -> Future:
         key = _cache_key(regex, json_schema)
         with self._cache_lock:
             future = self._cache.get(key)
             if future is not None:
                 self._cache.move_to_end(key)
-                return future
+                return future.result()  # compiled, or being compiled by another thread
             future = Future()
             self._cache[key] = future
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        if run_here:
-            self._run(future, key)
-        else:
-            self._pool.submit(self._run, future, key)
-        return future
+        self._run(future, key)
+        return future.result()
 
     def _run(self, future: Future, key: tuple[str, str]) -> None:
         if not future.set_running_or_notify_cancel():

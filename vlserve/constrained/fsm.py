@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from outlines_core import Index, Vocabulary
 
-from vlserve.constrained.errors import ConstraintError
+from vlserve.core.errors import ConstraintError
 
 _BYTE_EOS = 256
 _BYTE_VOCAB = None

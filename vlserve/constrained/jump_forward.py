@@ -15,26 +15,34 @@ Rules (the pitfalls of sglang issue 2045):
   in charge of the boundary: if ` "` could still grow into ` ""` or ` "\\`, we stop before ` "` and
   let the model choose, instead of forcing a split no tokenizer would make.
 - Jumps of fewer than MIN_JUMP_CHARS characters are not worth an extend pass.
-- The state is rebuilt by walking the new ids from the first changed position, so it always points
-  exactly at the end of the retokenised output.
+
+propose_jump only proposes: it reads the state and returns the whole new output, or None. The
+caller (the scheduler, which knows whether the tail's KV is already shared in the radix tree)
+applies it once: Req.output_ids = new_output_ids and state.replace_tail(keep_len, the new tail),
+which walks the new ids so the state points exactly at the end of the retokenised output.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlserve.constrained.state import ConstraintState
+
 RETOKENIZE_WINDOW = 8
 MIN_JUMP_CHARS = 2
 
 
-@dataclass
+@dataclass(frozen=True)
 class JumpForward:
     new_output_ids: list[int]  # the whole retokenised output
     keep_len: int  # leading ids unchanged from the old output: their KV stays
     jumped_text: str  # text appended by the jump (beyond the old output's text)
 
 
-def jump_forward(state) -> JumpForward | None:
+def propose_jump(state: ConstraintState, output_ids: list[int]) -> JumpForward | None:
+    """The jump from the end of output_ids (the tokens `state` has walked), or None."""
+    if len(output_ids) != state.num_tokens:
+        raise ValueError(f"{len(output_ids)} output ids, but the constraint state walked {state.num_tokens}")
     compiled = state.compiled
     vocab = compiled.vocab
     if state.is_terminated():
@@ -42,7 +50,7 @@ def jump_forward(state) -> JumpForward | None:
     forced = compiled.byte_dfa.forced.get(state.byte_states[-1])
     if not forced:
         return None
-    ids = state.output_ids
+    ids = output_ids
     start = _window_start(ids, vocab.token_bytes)
     old = b"".join(vocab.token_bytes[t] for t in ids[start:])
     full = _complete_utf8_prefix(old + forced)
@@ -61,9 +69,7 @@ def jump_forward(state) -> JumpForward | None:
     if len(jumped) < MIN_JUMP_CHARS:
         return None
     keep_len = start + _common_prefix(ids[start:], new_tail)
-    new_ids = ids[:start] + new_tail
-    state.replace_tail(keep_len, new_ids[keep_len:])
-    return JumpForward(new_output_ids=new_ids, keep_len=keep_len, jumped_text=jumped)
+    return JumpForward(new_output_ids=ids[:start] + new_tail, keep_len=keep_len, jumped_text=jumped)
 
 
 def _window_start(ids: list[int], token_bytes) -> int:

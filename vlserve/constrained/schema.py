@@ -15,7 +15,7 @@ import json
 
 from outlines_core.json_schema import build_regex_from_schema
 
-from vlserve.constrained.errors import ConstraintError
+from vlserve.core.errors import ConstraintError
 
 # Matches the empty string; outlines-core writes it wherever JSON allows whitespace, and we then
 # rewrite each occurrence into the fixed layout. It cannot occur in a user pattern by accident.

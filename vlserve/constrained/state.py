@@ -1,5 +1,9 @@
 """Per-request constraint state: where the request's output stands in the token automaton and
-in the byte-level compressed FSM, with the history needed to rebuild after retokenisation."""
+in the byte-level compressed FSM, with the history needed to rebuild after retokenisation.
+
+The output ids themselves live in one place, the request (Req.output_ids); this state holds the
+automaton states after every prefix of them, so `num_tokens` must always equal their count.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,6 @@ from vlserve.constrained.compiler import CompiledConstraint
 class ConstraintState:
     def __init__(self, compiled: CompiledConstraint):
         self.compiled = compiled
-        self.output_ids: list[int] = []
         # token_states[i] / byte_states[i]: automaton states after the first i output tokens.
         self.token_states: list[int] = [compiled.initial_state]
         self.byte_states: list[int] = [compiled.byte_dfa.initial]
@@ -20,6 +23,11 @@ class ConstraintState:
     @property
     def token_state(self) -> int:
         return self.token_states[-1]
+
+    @property
+    def num_tokens(self) -> int:
+        """Output tokens this state has walked (EOS not counted)."""
+        return len(self.token_states) - 1
 
     def fill_allowed_mask(self, mask_row: torch.Tensor) -> None:
         """Write the allowed next tokens into a bool row (True = allowed). Ids past the
@@ -48,7 +56,6 @@ class ConstraintState:
         byte_state = self.compiled.byte_dfa.step(self.byte_states[-1], data) if data else None
         if nxt is None or byte_state is None:
             raise ValueError(f"token {token_id} is not allowed by the constraint here")
-        self.output_ids.append(token_id)
         self.token_states.append(nxt)
         self.byte_states.append(byte_state)
 
@@ -59,30 +66,17 @@ class ConstraintState:
 
     def truncate(self, length: int) -> None:
         """Forget every output token from index `length` on."""
-        del self.output_ids[length:]
         del self.token_states[length + 1 :]
         del self.byte_states[length + 1 :]
 
     def replace_tail(self, keep_len: int, new_ids: list[int]) -> None:
-        """Rebuild the states for output = output_ids[:keep_len] + new_ids, walking only the new
-        ids. All-or-nothing: on a disallowed id the old output is restored and ValueError raised."""
-        old = self.output_ids[keep_len:]
+        """Rebuild the states for output = output[:keep_len] + new_ids, walking only the new ids.
+        All-or-nothing: on a disallowed id the states are left as they were and ValueError raised."""
+        saved = (list(self.token_states), list(self.byte_states))
         self.truncate(keep_len)
         try:
             for tid in new_ids:
                 self._push(tid)
         except ValueError:
-            self.truncate(keep_len)
-            for tid in old:
-                self._push(tid)
+            self.token_states, self.byte_states = saved
             raise
-
-    def try_jump_forward(self, output_ids: list[int]):
-        """See vlserve.constrained.jump_forward.jump_forward."""
-        from vlserve.constrained.jump_forward import jump_forward
-
-        if output_ids != self.output_ids:
-            raise ValueError(
-                "output_ids differ from the tokens this constraint state advanced through"
-            )
-        return jump_forward(self)

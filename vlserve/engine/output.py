@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from vlserve.engine.request import StepOutput
+from vlserve.core.request import StepOutput
 
 
 @dataclass

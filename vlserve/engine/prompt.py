@@ -8,9 +8,9 @@ token prefix, two different pictures never do, and no pad value is a real vocabu
 
 from dataclasses import dataclass
 
-from vlserve.engine.request import ImageSpan
+from vlserve.core.request import ImageSpan
 from vlserve.preprocess import ProcessedImage, pad_values
-from vlserve.sampling.params import InvalidRequest
+from vlserve.core.errors import InvalidRequest
 
 IMAGE_MARKER = "<image>"
 VIDEO_MARKER = "<video>"

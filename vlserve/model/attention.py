@@ -7,7 +7,7 @@ before attention runs). `torch` runs the PyTorch references and is the default w
 
 import torch
 
-from vlserve.model.forward_batch import ForwardBatch, ForwardMode
+from vlserve.core.forward_batch import ForwardBatch, ForwardMode
 
 
 class AttentionBackend:

@@ -5,14 +5,12 @@ from typing import Any
 
 import torch
 
+from vlserve.core.errors import CheckpointError
+
 SUPPORTED_ARCHITECTURES = ("LlavaForConditionalGeneration",)
 SUPPORTED_VISION_MODELS = ("clip_vision_model",)
 SUPPORTED_TEXT_MODELS = ("llama",)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that vlserve cannot load; the message names what is missing or unsupported."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from vlserve.memory.kv_pool import KVPool
 from vlserve.model.attention import AttentionBackend
 from vlserve.model.config import TextConfig
-from vlserve.model.forward_batch import ForwardBatch
+from vlserve.core.forward_batch import ForwardBatch
 
 
 class RMSNorm(nn.Module):

@@ -6,7 +6,7 @@ from torch import nn
 from vlserve.memory.kv_pool import KVPool
 from vlserve.model.attention import AttentionBackend
 from vlserve.model.config import ModelConfig
-from vlserve.model.forward_batch import ForwardBatch
+from vlserve.core.forward_batch import ForwardBatch
 from vlserve.model.llama import LlamaDecoder
 from vlserve.model.vision import VisionEncoder
 

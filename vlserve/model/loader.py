@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from vlserve.model.config import CheckpointError, ModelConfig, model_config_from_hf, parse_dtype
+from vlserve.core.errors import CheckpointError
+from vlserve.model.config import ModelConfig, model_config_from_hf, parse_dtype
 from vlserve.model.llava import LlavaForServing
 
 WEIGHT_FILE = "model.safetensors"

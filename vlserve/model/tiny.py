@@ -11,29 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-IMAGE_TOKEN = "<image>"
-SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", IMAGE_TOKEN]
-
-# LLaVA-1.5 style: "USER: <image>\nWhat is this? ASSISTANT: It is a cat.</s>"
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{{ '\\n' }}"
-    "{% else %}"
-    "{{ message['role'].upper() }}: "
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] in ('image', 'image_url') %}<image>{% if loop.last or message['content'][loop.index0 + 1]['type'] not in ('image', 'image_url') %}{{ '\\n' }}{% endif %}"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% else %}{{ ' ' }}{% endif %}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+from vlserve.model.checkpoint_tools import (
+    BOS, EOS, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, PAD, UNK, clip_image_processor_kwargs, llava_tokenizer,
 )
+
+SPECIAL_TOKENS = [UNK, BOS, EOS, PAD, IMAGE_TOKEN]
 
 _CORPUS = """USER: What is in the image? ASSISTANT: A red circle on the left and a blue square.
 The quick brown fox jumps over the lazy dog. How many shapes are there? There are three shapes.
@@ -71,12 +53,8 @@ class TinyModelSpec:
 def train_tokenizer(vocab_size: int, extra_text: str = ""):
     """A byte-level BPE with the LLaVA special tokens, trained on a small corpus in well under a second."""
     from vlserve.model.bpe import train_byte_level_bpe
-    from transformers import PreTrainedTokenizerFast
 
-    tok = train_byte_level_bpe([_CORPUS, extra_text], vocab_size, SPECIAL_TOKENS)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="<pad>", extra_special_tokens={"image_token": IMAGE_TOKEN},
-                                   chat_template=CHAT_TEMPLATE, model_max_length=4096)
+    return llava_tokenizer(train_byte_level_bpe([_CORPUS, extra_text], vocab_size, SPECIAL_TOKENS), 4096)
 
 
 def build_hf_config(spec: TinyModelSpec, tokenizer):
@@ -111,13 +89,7 @@ def save_processor(out_dir: str, spec: TinyModelSpec, tokenizer) -> None:
     LlavaProcessor expands <image> to (size/patch)^2 + num_additional_image_tokens - (1 if "default"),
     so a CLIP tower (which adds a CLS token) needs num_additional_image_tokens=1.
     """
-    image_processor = {
-        "image_processor_type": "CLIPImageProcessor", "do_resize": True,
-        "size": {"shortest_edge": spec.image_size}, "resample": 3, "do_center_crop": True,
-        "crop_size": {"height": spec.image_size, "width": spec.image_size}, "do_rescale": True,
-        "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
-    }
+    image_processor = {"image_processor_type": "CLIPImageProcessor", **clip_image_processor_kwargs(spec.image_size)}
     processor = {"processor_class": "LlavaProcessor", "patch_size": spec.patch_size,
                  "vision_feature_select_strategy": spec.vision_feature_select_strategy,
                  "num_additional_image_tokens": 1, "image_token": IMAGE_TOKEN}
@@ -125,7 +97,7 @@ def save_processor(out_dir: str, spec: TinyModelSpec, tokenizer) -> None:
         with open(os.path.join(out_dir, name), "w") as f:
             json.dump(data, f, indent=2)
     with open(os.path.join(out_dir, "chat_template.jinja"), "w") as f:
-        f.write(CHAT_TEMPLATE)
+        f.write(LLAVA_CHAT_TEMPLATE)
 
 
 def make_tiny_model(out_dir: str, seed: int = 0, spec: TinyModelSpec | None = None,

@@ -2,7 +2,7 @@
 
 import torch
 
-from vlserve.sampling.params import SamplingParams
+from vlserve.core.sampling_params import SamplingParams
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]

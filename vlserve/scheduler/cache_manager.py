@@ -2,23 +2,24 @@
 
 A running request's positions 0..kv_len-1 have slots in its req_to_token row. The first
 tree_len of them belong to the radix tree (the path of its locked last_node); the rest are the
-request's own until it hands them to the tree (insert) or frees them. Invariant 1 of DESIGN.md:
-free + tree tokens + request-owned tokens == capacity; when idle, free + tree == capacity.
+request's own until it hands them to the tree (insert) or frees them. Pool accounting
+(docs/ARCHITECTURE.md, invariant 1): free + tree tokens + request-owned tokens == capacity; when
+idle, free + tree == capacity. Only this class writes a request's KV fields (req_row, kv_len,
+tree_len, last_node, cached_tokens).
 """
 
 import torch
 
 from vlserve.cache.radix_cache import RadixCache
-from vlserve.engine.model_runner import ModelRunner
-from vlserve.engine.request import Req
+from vlserve.core.request import Req
 from vlserve.memory.allocator import OutOfSlots
+from vlserve.memory.pools import KVMemory
 
 
 class CacheManager:
-    def __init__(self, runner: ModelRunner, disable_radix_cache: bool = False):
-        self.runner = runner
-        self.allocator = runner.allocator
-        self.rows = runner.req_to_token
+    def __init__(self, memory: KVMemory, disable_radix_cache: bool = False):
+        self.allocator = memory.allocator
+        self.rows = memory.req_to_token
         self.page_size = self.allocator.page_size
         self.cache = RadixCache(self.allocator, self.page_size, disabled=disable_radix_cache)
 
@@ -70,6 +71,18 @@ class CacheManager:
         slots = self.allocator.alloc_extend(last, req.kv_len, n)  # raises OutOfSlots
         self.rows.write(req.req_row, req.kv_len, slots)
         return slots
+
+    def advance(self, req: Req, n: int) -> None:
+        """The forward computed KV for the n positions alloc() gave req."""
+        req.kv_len += n
+
+    def drop_uncomputed(self, req: Req, n: int) -> None:
+        """The forward for the n positions alloc() gave req failed: free their fresh pages."""
+        if req.req_row is None:
+            return
+        computed = req.kv_len
+        req.kv_len += n
+        self.rewind(req, computed)
 
     # ---- handing KV to the tree -----------------------------------------------------------------
     def cache_prefix(self, req: Req) -> None:

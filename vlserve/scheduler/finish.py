@@ -1,6 +1,6 @@
 """When a request stops: EOS, stop token ids, stop strings, length, the context, its constraint."""
 
-from vlserve.engine.request import Req
+from vlserve.core.request import Req
 
 
 class FinishChecker:

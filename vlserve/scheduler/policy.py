@@ -27,12 +27,11 @@ from typing import Protocol
 import torch
 
 from vlserve.cache.radix_cache import RadixCache, TreeNode
-
-POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
+from vlserve.core.config import SCHEDULE_POLICIES, EngineArgs
 
 
 class WaitingReq(Protocol):
-    key: list[int]  # the full prompt key
+    seq: list[int]  # the full radix key so far (prompt, pseudo tokens, output)
     arrival_step: int
     matched_len: int  # written by lpm, dfs-weight and defer_shared_prefix: cached prefix length
 
@@ -57,12 +56,12 @@ class SchedulePolicy:
         self,
         name: str,
         cache: RadixCache,
-        max_wait_steps: int = 256,
+        max_wait_steps: int = EngineArgs.max_wait_steps,
         seed: int = 0,
         max_match_candidates: int = 1024,
     ):
-        if name not in POLICIES:
-            raise ValueError(f"unknown schedule policy {name!r}; allowed: {', '.join(POLICIES)}")
+        if name not in SCHEDULE_POLICIES:
+            raise ValueError(f"unknown schedule policy {name!r}; allowed: {', '.join(SCHEDULE_POLICIES)}")
         if max_wait_steps < 0:
             raise ValueError(f"max_wait_steps must be >= 0, got {max_wait_steps}")
         if max_match_candidates < 1:
@@ -92,10 +91,10 @@ class SchedulePolicy:
             self._rng.shuffle(rest)
             return overdue + rest
         for req in overdue:
-            req.matched_len = self.cache.peek_prefix_len(req.key)
+            req.matched_len = self.cache.peek_prefix_len(req.seq)
         head, tail = rest[: self.max_match_candidates], rest[self.max_match_candidates :]
         for req in head:
-            req.matched_len = self.cache.peek_prefix_len(req.key)
+            req.matched_len = self.cache.peek_prefix_len(req.seq)
         for req in tail:
             req.matched_len = 0
         if self.name == "lpm":
@@ -117,13 +116,13 @@ class SchedulePolicy:
             _insert_key(chosen, key)
         admit_now, wait_one_round = [], []
         for req in ordered:
-            req.matched_len = self.cache.peek_prefix_len(req.key)
-            shared_uncached = chosen.peek_prefix_len(req.key) - req.matched_len
+            req.matched_len = self.cache.peek_prefix_len(req.seq)
+            shared_uncached = chosen.peek_prefix_len(req.seq) - req.matched_len
             if shared_uncached >= threshold_tokens and not self.is_overdue(req):
                 wait_one_round.append(req)
                 continue
             admit_now.append(req)
-            _insert_key(chosen, req.key)
+            _insert_key(chosen, req.seq)
         return admit_now, wait_one_round
 
 
@@ -134,10 +133,10 @@ def _dfs_weight_order(reqs: list[WaitingReq]) -> list[WaitingReq]:
     touched. reqs come in arrival order; position breaks weight ties."""
     trie = _key_trie()
     for req in reqs:
-        _insert_key(trie, req.key[: req.matched_len])
+        _insert_key(trie, req.seq[: req.matched_len])
     ends: dict[TreeNode, list[WaitingReq]] = {}
     for req in reqs:
-        ends.setdefault(trie.match_prefix(req.key[: req.matched_len]).node, []).append(req)
+        ends.setdefault(trie.match_prefix(req.seq[: req.matched_len]).node, []).append(req)
 
     preorder = [trie.root, *trie.iter_nodes()]
     weight = {node: len(ends.get(node, ())) for node in preorder}

@@ -7,21 +7,11 @@ new_token_ratio); the running requests' reserves are held back the same way. Ret
 safety valve when the estimate is too low.
 """
 
-from dataclasses import dataclass
-
-import torch
-
-from vlserve.engine.request import Req
+from vlserve.core.request import Req
+from vlserve.core.step import PlannedExtend
 from vlserve.memory.allocator import OutOfSlots
 from vlserve.scheduler.cache_manager import CacheManager
 from vlserve.scheduler.policy import SchedulePolicy
-
-
-@dataclass
-class PlannedExtend:
-    req: Req
-    num_tokens: int
-    slots: torch.Tensor
 
 
 class PrefillAdmission:
@@ -36,15 +26,16 @@ class PrefillAdmission:
         return int(req.remaining_new_tokens * self.new_token_ratio + 0.999)
 
     def admit(self, waiting: list[Req], running: list[Req], token_budget: int) -> list[PlannedExtend]:
-        """Moves admitted requests from waiting to running; returns their first extends."""
+        """The first extends of the waiting requests admitted now, in policy order. The caller moves
+        them from its waiting queue to its running list."""
         ordered = self.policy.order(waiting)
         if not self.cm.cache.disabled and self.prefix_share_threshold > 0:
-            in_flight = [r.key for r in running if r.pending_len > 1]
+            in_flight = [r.seq for r in running if r.pending_len > 1]
             ordered, _ = self.policy.defer_shared_prefix(ordered, self.prefix_share_threshold, in_flight)
         reserved = sum(self.reserve(r) for r in running)
         planned = []
         for req in ordered:
-            if token_budget <= 0 or len(running) >= self.max_running_requests:
+            if token_budget <= 0 or len(running) + len(planned) >= self.max_running_requests:
                 break
             if not self.cm.admit(req):
                 break
@@ -60,8 +51,6 @@ class PrefillAdmission:
                 self.cm.release(req)  # unlocks its prefix and gives back its row
                 break
             planned.append(PlannedExtend(req, n, slots))
-            waiting.remove(req)
-            running.append(req)
             token_budget -= n
             reserved += self.reserve(req)
         return planned

@@ -6,7 +6,6 @@ media pool (Engine.async_generate). The event loop never waits on the engine: ch
 through loop.call_soon_threadsafe.
 """
 
-import dataclasses
 import logging
 import os
 
@@ -19,7 +18,7 @@ from vlserve.server.errors import ErrorMappingRoute, error_response, install_err
 from vlserve.server.generate import generate_router
 from vlserve.server.openai_routes import openai_router
 from vlserve.server.upload import upload_router
-from vlserve.server_args import ServerArgs
+from vlserve.server.args import ServerArgs
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ def build_app(engine, args: ServerArgs) -> FastAPI:
 def make_engine(args: ServerArgs):
     from vlserve.engine.engine import Engine
 
-    return Engine(**dataclasses.asdict(args))
+    return Engine(**args.engine_kwargs())
 
 
 def run_server(args: ServerArgs) -> int:

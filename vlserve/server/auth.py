@@ -4,8 +4,9 @@
 reveals request content. Checked before the body is read, so an unauthenticated upload costs nothing.
 """
 
-import json
 import secrets
+
+from vlserve.server.errors import send_json_error
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 
@@ -23,14 +24,3 @@ class APIKeyMiddleware:
     def _authorized(self, scope) -> bool:
         got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         return secrets.compare_digest(got, self.expected)
-
-
-async def send_json_error(send, status: int, message: str, code: str, headers: list | None = None) -> None:
-    """An OpenAI-shaped JSON error sent from raw ASGI (middleware runs outside FastAPI's handlers)."""
-    from vlserve.server.errors import error_body
-
-    body = json.dumps(error_body(status, message, code=code)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *(headers or [])]})
-    await send({"type": "http.response.body", "body": body})

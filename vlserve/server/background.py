@@ -6,7 +6,7 @@ import time
 import uvicorn
 
 from vlserve.server.app import build_app
-from vlserve.server_args import ServerArgs
+from vlserve.server.args import ServerArgs
 
 
 class BackgroundServer:

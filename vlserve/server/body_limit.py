@@ -2,7 +2,7 @@
 
 from starlette.exceptions import HTTPException
 
-from vlserve.server.auth import send_json_error
+from vlserve.server.errors import send_json_error
 
 
 class BodyTooLarge(HTTPException):

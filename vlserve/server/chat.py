@@ -7,7 +7,7 @@ through undecoded: the engine decodes them in its media pool, off the event loop
 
 from dataclasses import dataclass, field
 
-from vlserve.sampling.params import InvalidRequest
+from vlserve.core.errors import InvalidRequest
 from vlserve.server.openai_protocol import ChatMessage, ImagePart, TextPart, VideoPart
 
 VIDEO_TEXT = "<video>"

@@ -4,6 +4,7 @@ Bad input (InvalidRequest, MediaError, ConstraintError, a failed validation, mal
 400 naming the problem; a full waiting queue (EngineBusy) is a 503 with Retry-After.
 """
 
+import json
 import logging
 
 from fastapi import FastAPI, Request
@@ -12,15 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-from vlserve.engine.engine import EngineBusy
-from vlserve.preprocess import MediaError
-from vlserve.sampling.params import InvalidRequest
-
-try:
-    from vlserve.constrained.errors import ConstraintError
-except ImportError:  # a build without constrained decoding
-    class ConstraintError(ValueError):
-        pass
+from vlserve.core.errors import EngineBusy, InvalidRequest, MediaError
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +46,19 @@ def error_from_exception(e: BaseException) -> APIError:
         return e
     if isinstance(e, EngineBusy):
         return APIError(503, f"server busy: {e}; retry later", code="server_busy")
-    if isinstance(e, (InvalidRequest, MediaError, ConstraintError)):
+    if isinstance(e, (InvalidRequest, MediaError)):  # ConstraintError is an InvalidRequest
         return APIError(400, str(e), code=type(e).__name__)
     log.exception("internal error", exc_info=e)
     return APIError(500, f"internal error: {type(e).__name__}: {e}")
+
+
+async def send_json_error(send, status: int, message: str, code: str, headers: list | None = None) -> None:
+    """An OpenAI-shaped JSON error sent from raw ASGI (middleware runs outside FastAPI's handlers)."""
+    body = json.dumps(error_body(status, message, code=code)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
 
 
 class ErrorMappingRoute(APIRoute):
@@ -90,7 +92,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_validation(request: Request, e: RequestValidationError) -> JSONResponse:
         return _validation_response(e)
 
-    for kind in (APIError, EngineBusy, InvalidRequest, MediaError, ConstraintError):
+    for kind in (APIError, EngineBusy, InvalidRequest, MediaError):
         app.add_exception_handler(kind, on_error)
     app.add_exception_handler(HTTPException, on_http)
     app.add_exception_handler(RequestValidationError, on_validation)

@@ -14,7 +14,6 @@ from pydantic import BaseModel, Field
 from vlserve.server.disconnect import cancel_on_disconnect
 from vlserve.server.errors import APIError, ErrorMappingRoute, error_body
 from vlserve.server.fanout import MergedStream, generate_all, open_streams
-from vlserve.server.sampling import check_native_constraints
 from vlserve.server.sse import DONE, SSEResponse, event
 
 MAX_BATCH = 64
@@ -41,8 +40,6 @@ def generate_router(engine) -> APIRouter:
     @router.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
         jobs, batch = _jobs(body)
-        for job in jobs:
-            check_native_constraints(engine, job["sampling_params"])
         if body.stream:
             if batch:
                 raise APIError(400, "stream is not supported for a batch of prompts; send them one by one",

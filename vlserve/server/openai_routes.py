@@ -54,7 +54,7 @@ def openai_router(engine, model_name: str) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         prompt = build_chat_prompt(engine.tokenizer, body.messages)
-        params, fit = openai_sampling(body, engine)
+        params, fit = openai_sampling(body)
         base = {"prompt": prompt.text, "image_data": prompt.images or None, "video_data": prompt.videos or None,
                 "fit_max_new_tokens": fit}
         jobs = [{**base, "sampling_params": p} for p in per_choice(params, body.n)]
@@ -63,7 +63,7 @@ def openai_router(engine, model_name: str) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         prompts = _completion_prompts(body.prompt)
-        params, fit = openai_sampling(body, engine)
+        params, fit = openai_sampling(body)
         if len(prompts) * body.n > MAX_CHOICES:
             raise APIError(400, f"{len(prompts)} prompts x n={body.n} is over the limit of {MAX_CHOICES} choices",
                            param="n")

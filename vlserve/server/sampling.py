@@ -1,4 +1,4 @@
-"""HTTP sampling options → the engine's sampling_params dict (vlserve.sampling.SamplingParams.from_dict)."""
+"""HTTP sampling options → the engine's sampling_params dict (vlserve.core.sampling_params.SamplingParams.from_dict)."""
 
 import json
 
@@ -8,14 +8,13 @@ from vlserve.server.openai_protocol import ChatCompletionRequest, CompletionRequ
 DEFAULT_MAX_TOKENS = 128  # when the client gives none; lowered to what fits the context (fit_max_new_tokens)
 
 
-def openai_sampling(body: ChatCompletionRequest | CompletionRequest, engine) -> tuple[dict, bool]:
+def openai_sampling(body: ChatCompletionRequest | CompletionRequest) -> tuple[dict, bool]:
     """(sampling_params, fit_max_new_tokens)."""
     max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
     params = {"max_new_tokens": max_tokens or DEFAULT_MAX_TOKENS, "stop": body.stop, "seed": body.seed,
               "temperature": body.temperature, "top_p": body.top_p}
     schema = _schema_of(getattr(body, "response_format", None))
     if schema is not None:
-        require_constraints(engine, f"response_format {body.response_format.type}", "response_format")
         params["json_schema"] = schema
     return {k: v for k, v in params.items() if v is not None}, max_tokens is None
 
@@ -25,18 +24,6 @@ def per_choice(params: dict, n: int) -> list[dict]:
     if params.get("seed") is None:
         return [params] * n
     return [{**params, "seed": (params["seed"] + i) % 2**64 if i else params["seed"]} for i in range(n)]
-
-
-def require_constraints(engine, what: str, param: str) -> None:
-    if engine.scheduler.constraints is None:
-        raise APIError(400, f"{what} is not supported by this server build (no constrained decoding)",
-                       param=param, code="unsupported")
-
-
-def check_native_constraints(engine, params: dict | None) -> None:
-    for key in ("regex", "json_schema"):
-        if (params or {}).get(key) is not None:
-            require_constraints(engine, f"sampling_params.{key}", f"sampling_params.{key}")
 
 
 def _schema_of(fmt: ResponseFormat | None) -> str | None:

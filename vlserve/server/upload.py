@@ -14,7 +14,6 @@ from vlserve.server.disconnect import cancel_on_disconnect
 from vlserve.server.errors import APIError, ErrorMappingRoute
 from vlserve.server.fanout import generate_all, open_streams
 from vlserve.server.generate import native_events, native_result
-from vlserve.server.sampling import check_native_constraints
 from vlserve.server.sse import SSEResponse
 
 
@@ -47,7 +46,6 @@ def upload_router(engine) -> APIRouter:
         params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                   "seed": seed, "stop": stop or None, "regex": regex, "json_schema": json_schema}
         params = {k: v for k, v in params.items() if v is not None}
-        check_native_constraints(engine, params)
         text = media_prompt(engine.tokenizer, prompt, len(image), len(video)) if chat else prompt
         job = {"prompt": text, "image_data": [await f.read() for f in image] or None,
                "video_data": [await f.read() for f in video] or None, "sampling_params": params,

@@ -1,13 +1,11 @@
 """Sampling parameters of one request, validated once at submission."""
 
+import json
 from dataclasses import dataclass, field, fields
 
+from vlserve.core.errors import InvalidRequest
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily
-
-
-class InvalidRequest(ValueError):
-    """A request the engine refuses; the message names the field and the problem (HTTP 400)."""
 
 
 @dataclass
@@ -35,7 +33,6 @@ class SamplingParams:
         if isinstance(d.get("stop"), str):
             d["stop"] = [d["stop"]]
         if d.get("json_schema") is not None and not isinstance(d["json_schema"], str):
-            import json
             d["json_schema"] = json.dumps(d["json_schema"])
         params = cls(**{k: v for k, v in d.items() if v is not None or k in ("seed", "regex", "json_schema")})
         params.validate()

@@ -1,4 +1,14 @@
-"""A request's state as it moves through the scheduler."""
+"""A request's state as it moves through the scheduler, and what one step sends back for it.
+
+Who writes which field of Req (docs/ARCHITECTURE.md, "Who writes a request"): each field has one
+owner, and only that owner's methods assign it; everyone else reads.
+- engine (request building, engine/request_builder.py): everything up to `sink`, before submission;
+- scheduler.policy: matched_len (a hint for ordering; never trusted for admission);
+- scheduler.cache_manager: req_row, kv_len, tree_len, last_node, cached_tokens (the KV it owns);
+- scheduler.scheduler (process): output_ids, output_logprobs, input_logprobs, finish_reason,
+  first_token_time, and the constraint state's advance and jumps (scheduler/constraints.py);
+- the runner writes nothing: it reads a plan and returns a StepResult.
+"""
 
 import time
 from dataclasses import dataclass, field
@@ -6,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from vlserve.sampling.params import SamplingParams
+from vlserve.core.sampling_params import SamplingParams
 
 
 @dataclass
@@ -15,7 +25,9 @@ class ImageSpan:
     start: int
     length: int
     content_hash: bytes
-    pixel_values: Any  # np.ndarray [3, H, W] float32; dropped once its embedding is computed or cached
+    # np.ndarray [3, H, W] float32, kept for the request's life: after a retraction or an
+    # eviction of its KV and of its vision-cache entry, the tower must run on it again.
+    pixel_values: Any
 
     @property
     def end(self) -> int:
@@ -44,32 +56,30 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     sink: Callable[[StepOutput], None] | None = None
-    arrival_step: int = 0
+    generator: torch.Generator | None = None
+    constraint: Any = None  # vlserve.constrained.ConstraintState for regex / json_schema requests
     arrival_time: float = field(default_factory=time.monotonic)
+    arrival_step: int = 0  # written by the scheduler when the request enters its queue
 
-    output_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[float] = field(default_factory=list)
-    input_logprobs: list[float] = field(default_factory=list)
+    # scheduler.policy
+    matched_len: int = 0  # cached prefix length seen when ordering the queue
+    # scheduler.cache_manager
     req_row: int | None = None
     kv_len: int = 0  # positions 0..kv_len-1 have KV in the pool (mapped in req_to_token)
     tree_len: int = 0  # of those, the first tree_len are owned by the radix tree (last_node's path)
     last_node: Any = None  # locked TreeNode, or None when not admitted
     cached_tokens: int = -1  # prompt tokens served from the cache at first admission (-1 = not yet)
-    matched_len: int = 0  # written by the schedule policy
+    # scheduler (process)
+    output_ids: list[int] = field(default_factory=list)  # the one copy; the constraint keeps only states
+    output_logprobs: list[float] = field(default_factory=list)
+    input_logprobs: list[tuple[float, int]] = field(default_factory=list)
     finish_reason: str | None = None
-    generator: torch.Generator | None = None
-    constraint: Any = None  # ConstraintState for regex / json_schema requests
     first_token_time: float | None = None
-    num_retractions: int = 0
 
     @property
     def seq(self) -> list[int]:
+        """Every token so far: the radix-tree key (pseudo-token ids at image positions)."""
         return self.input_ids + self.output_ids
-
-    @property
-    def key(self) -> list[int]:
-        """The radix-tree key: every token so far (pseudo-token ids for image positions)."""
-        return self.seq
 
     @property
     def seq_len(self) -> int:

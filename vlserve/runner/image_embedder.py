@@ -5,18 +5,20 @@ not cached) and whose embedding is not in the vision-embedding cache; all of a s
 through the tower in one batch.
 """
 
+from typing import Callable
+
 import numpy as np
 import torch
 
 from vlserve.cache.vision_cache import VisionEmbeddingCache
-from vlserve.engine.model_runner import ModelRunner
-from vlserve.engine.request import Req
+from vlserve.core.request import Req
 from vlserve.metrics import Metrics
 
 
 class ImageEmbedder:
-    def __init__(self, runner: ModelRunner, cache: VisionEmbeddingCache, metrics: Metrics):
-        self.runner, self.cache, self.metrics = runner, cache, metrics
+    def __init__(self, encode_images: Callable[[torch.Tensor], torch.Tensor], cache: VisionEmbeddingCache,
+                 metrics: Metrics):
+        self.encode_images, self.cache, self.metrics = encode_images, cache, metrics
 
     def prepare(self, work: list[tuple[Req, int, int]]) -> dict[bytes, torch.Tensor]:
         """Embeddings of every image overlapping each (req, start, end) range of positions."""
@@ -33,7 +35,7 @@ class ImageEmbedder:
         if missing:
             spans = list(missing.values())
             pixels = torch.from_numpy(np.stack([np.asarray(s.pixel_values) for s in spans]))
-            embeds = self.runner.encode_images(pixels)
+            embeds = self.encode_images(pixels)
             self.metrics.vision_encoder_images.inc(len(spans))
             for span, emb in zip(spans, embeds):
                 found[span.content_hash] = emb

@@ -1,0 +1,110 @@
+"""Engine options: one dataclass, one default and one choice list for each.
+
+`Engine(**kwargs)` takes these fields; `vlserve serve` takes them as flags (field name with dashes)
+plus the server's own options (vlserve/server/args.py: host, port, api key, HTTP limits). Each
+part of the engine gets a sub-config built by keyword from the same fields (`pick`), so no default
+is written twice.
+"""
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
+ATTENTION_BACKENDS = ("torch", "triton")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def _opt(default, help: str | None = None, choices=None):
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+class CLIArgs:
+    """Flags from dataclass fields: `--field-name`, typed from the annotation, help from metadata."""
+
+    ALIASES: dict[str, list[str]] = {}
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(cls):
+            flags = ["--" + f.name.replace("_", "-")] + cls.ALIASES.get(f.name, [])
+            kwargs = {"dest": f.name, "default": f.default, "help": f.metadata.get("help")}
+            if f.type is bool or f.type == "bool":
+                parser.add_argument(*flags, action="store_true", **kwargs)
+                continue
+            kind = int if "int" in str(f.type) else float if "float" in str(f.type) else str
+            parser.add_argument(*flags, type=kind, choices=f.metadata.get("choices"), **kwargs)
+
+    @classmethod
+    def from_cli(cls, ns: argparse.Namespace):
+        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass
+class EngineArgs(CLIArgs):
+    model: str | None = _opt(None, "local Hugging Face LLaVA directory (default: the built-in model)")
+    schedule_policy: str = _opt("lpm", choices=SCHEDULE_POLICIES)
+    disable_radix_cache: bool = False
+    attention_backend: str | None = _opt(None, "default: triton with CUDA, else torch", ATTENTION_BACKENDS)
+    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: from available memory)")
+    page_size: int = 1
+    tp_size: int = _opt(1, "tensor parallelism (only 1 is supported)")
+    chunked_prefill_size: int = 2048
+    max_running_requests: int = 128
+    max_waiting_requests: int = 1024
+    context_length: int | None = None
+    dtype: str = _opt("auto", choices=DTYPES)
+    device: str | None = None
+    vision_cache_mb: float = 256.0
+    video_frames: int | None = _opt(None, "frames sampled per video (default: 8)")
+    allowed_media_path: str | None = _opt(None, "directory local media paths may be read from")
+    allow_url_fetch: bool = _opt(False, "let requests name http(s) media URLs")
+    max_images_per_request: int = 16
+    new_token_ratio: float = 0.4
+    prefix_share_threshold: int = _opt(4, "in-batch prefix sharing: a request sharing this many uncached tokens "
+                                          "with one admitted this round waits a round (0 = off)")
+    max_wait_steps: int = _opt(512, "aging: a request waiting this many steps goes first")
+    disable_jump_forward: bool = False
+    num_threads: int | None = _opt(None, "torch CPU threads")
+
+    ALIASES = {"tp_size": ["--tp"]}
+
+    def __post_init__(self):
+        if self.tp_size != 1:
+            raise ValueError(f"--tp {self.tp_size}: only tp_size 1 is supported in this release")
+        if self.page_size < 1:
+            raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
+        if self.chunked_prefill_size < 1:
+            raise ValueError(f"--chunked-prefill-size must be >= 1, got {self.chunked_prefill_size}")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ValueError(f"--max-total-tokens must be >= page size, got {self.max_total_tokens}")
+
+    def engine_kwargs(self) -> dict:
+        """The EngineArgs fields of this object (a subclass adds server-only fields)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(EngineArgs)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    schedule_policy: str
+    disable_radix_cache: bool
+    chunked_prefill_size: int
+    max_running_requests: int
+    new_token_ratio: float
+    max_wait_steps: int
+    prefix_share_threshold: int
+    disable_jump_forward: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryConfig:
+    max_total_tokens: int  # resolved: from the flag or from available memory
+    page_size: int
+    max_running_requests: int
+    context_length: int  # resolved: the flag capped by the model's max positions
+
+
+def pick(config_cls, args: EngineArgs, **resolved):
+    """Builds a sub-config by keyword from args' same-named fields; `resolved` overrides some."""
+    names = [f.name for f in dataclasses.fields(config_cls)]
+    return config_cls(**{n: resolved[n] if n in resolved else getattr(args, n) for n in names})

@@ -1,0 +1,26 @@
+"""Every error vlserve raises for something a caller did, in one place.
+
+Each message names the problem; the HTTP layer maps them (server/errors.py): bad input → 400,
+EngineBusy → 503 with Retry-After.
+"""
+
+from vlserve.preprocess import MediaError  # raised inside preprocess/, which never imports vlserve
+
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses; the message names the field and the problem (HTTP 400)."""
+
+
+class ConstraintError(InvalidRequest):
+    """An invalid, unsupported or unsatisfiable regex or JSON schema (HTTP 400)."""
+
+
+class EngineBusy(RuntimeError):
+    """The waiting queue is full (HTTP 503 with Retry-After)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that vlserve cannot load; the message names what is missing or unsupported."""
+
+
+__all__ = ["CheckpointError", "ConstraintError", "EngineBusy", "InvalidRequest", "MediaError"]

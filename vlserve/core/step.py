@@ -1,0 +1,40 @@
+"""One scheduling step as data: the scheduler's plan, and what the runner computed for it.
+
+    plan = scheduler.schedule()      # which requests advance, by how many tokens, into which slots
+    result = runner.run(plan)        # batch, forward, logits rows, sampling — writes no Req field
+    scheduler.process(result)        # finish checks, constraints, cache insertion, outputs
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vlserve.core.forward_batch import ForwardMode
+from vlserve.core.request import Req
+
+
+@dataclass
+class PlannedExtend:
+    """req's positions kv_len .. kv_len+num_tokens-1 are computed this step, into `slots`."""
+    req: Req
+    num_tokens: int
+    slots: torch.Tensor  # already written to req_to_token
+    sample: bool = False  # sample the token after this slice (its prefill completes, no forced jump)
+    jump: Any = None  # a constraint's forced start (JumpForward), applied instead of sampling
+
+
+@dataclass
+class SampledToken:
+    token: int
+    logprob: float
+
+
+@dataclass
+class StepResult:
+    """Per plan item, in plan order."""
+    plan: list[PlannedExtend]
+    mode: ForwardMode
+    sampled: list[SampledToken | None]  # None where not sampled, or where sampling failed
+    sample_errors: list[str | None]  # why sampling failed for that request alone
+    input_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)  # prompt logprobs found

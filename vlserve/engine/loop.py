@@ -1,0 +1,81 @@
+"""The scheduling loop: one background thread that owns the scheduler and the runner.
+
+Each iteration takes the requests handed in since the last one, then runs one step:
+schedule → run → process. Nothing else runs on this thread; nothing else touches the
+scheduler's queues (submissions and aborts cross over through thread-safe queues).
+"""
+
+import logging
+import queue
+import threading
+import time
+
+from vlserve.core.request import Req
+from vlserve.runner.model_runner import ModelRunner
+from vlserve.scheduler.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+def step(scheduler: Scheduler, runner: ModelRunner) -> None:
+    """One scheduling step."""
+    plan = scheduler.schedule()
+    if not plan:
+        return
+    try:
+        result = runner.run(plan)
+    except Exception as e:  # a bug must fail the batch's requests, never the engine
+        scheduler.fail(plan, e)
+        return
+    scheduler.process(result)
+
+
+class EngineLoop:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner):
+        self.scheduler, self.runner = scheduler, runner
+        self._inbox: queue.Queue[list[Req]] = queue.Queue()
+        self._stop = threading.Event()
+        self.heartbeat = time.monotonic()  # written every iteration; read by /health
+        self._thread = threading.Thread(target=self._run, name="vlserve-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, reqs: list[Req]) -> None:
+        """Thread-safe: the requests join the waiting queue together (so the policy orders them together)."""
+        self._inbox.put(reqs)
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle and self._inbox.empty()
+
+    def is_alive(self, max_stall_s: float) -> bool:
+        return (self._thread.is_alive() and not self._stop.is_set()
+                and time.monotonic() - self.heartbeat < max_stall_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.heartbeat = time.monotonic()
+            try:
+                self._drain_inbox(block=self.scheduler.idle)
+                step(self.scheduler, self.runner)
+            except Exception:  # pragma: no cover - step() already fails the batch's requests
+                log.exception("engine step failed")
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            batch = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            for req in batch:
+                self.scheduler.add(req)
+            try:
+                batch = self._inbox.get_nowait()
+            except queue.Empty:
+                return

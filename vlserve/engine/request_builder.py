@@ -1,0 +1,97 @@
+"""Building a Req from a caller's arguments: validation, media, tokenization, constraint compile.
+
+Runs on the caller's thread (sync API) or the engine's media pool (async API), never on the
+scheduling loop. Raises InvalidRequest / MediaError / ConstraintError naming the problem.
+"""
+
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+from vlserve.constrained import ConstraintCompiler, ConstraintState
+from vlserve.core.errors import InvalidRequest
+from vlserve.core.request import Req
+from vlserve.core.sampling_params import SamplingParams
+from vlserve.engine.prompt import PromptMedia, expand_image_tokens, expand_text, tokenize_text
+from vlserve.model.config import ModelConfig
+from vlserve.preprocess import ImageProcessing, MediaLimits, check_image_count, prepare_image, prepare_video
+
+
+@dataclass
+class RequestBuilder:
+    tokenizer: object
+    config: ModelConfig
+    processing: ImageProcessing
+    limits: MediaLimits
+    video_frames: int  # default frames sampled per video
+    context_len: int
+    pool_capacity: int  # KV slots in the pool: no request may need more
+    compiler: ConstraintCompiler
+
+    def build(self, prompt: str | None = None, input_ids: list[int] | None = None,
+              image_data: list | None = None, video_data: list | None = None,
+              sampling_params: dict | SamplingParams | None = None, return_logprob: bool = False,
+              logprob_start_len: int = -1, rid: str | None = None, video_num_frames: int | None = None,
+              video_fps: float | None = None, fit_max_new_tokens: bool = False) -> Req:
+        """fit_max_new_tokens: lower max_new_tokens to what fits the context and the KV pool (a
+        default the client did not ask for) instead of refusing the request."""
+        params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams.from_dict(sampling_params)
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequest("give exactly one of prompt (text) or input_ids")
+        ids, ordered = self._tokens(prompt, input_ids, _as_list(image_data, "image_data"),
+                                    _as_list(video_data, "video_data"), video_num_frames, video_fps)
+        ids, spans = expand_image_tokens(ids, self.config.image_token_id, ordered, self.config.tokens_per_image)
+        if fit_max_new_tokens:
+            params.max_new_tokens = min(params.max_new_tokens, self._room_to_generate(len(ids)))
+        self._check_length(len(ids), params)
+        req = Req(rid or uuid.uuid4().hex, ids, params, spans, return_logprob, logprob_start_len)
+        if params.seed is not None:
+            req.generator = torch.Generator().manual_seed(params.seed)
+        if params.regex is not None or params.json_schema is not None:
+            req.constraint = ConstraintState(self.compiler.compile(params.regex, params.json_schema))
+        return req
+
+    def _tokens(self, prompt, input_ids, image_data, video_data, video_num_frames, video_fps):
+        """Token ids (one image token per image or frame) and the processed images in their order."""
+        check_image_count(len(image_data), self.limits)
+        images = [prepare_image(src, self.processing, self.limits) for src in image_data]
+        frames_kw = ({"fps": video_fps} if video_fps is not None and video_num_frames is None
+                     else {"num_frames": video_num_frames or (None if video_fps else self.video_frames), "fps": video_fps})
+        videos = [prepare_video(src, self.processing, self.limits, **frames_kw) for src in video_data]
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise InvalidRequest("prompt must be a string")
+            text, ordered = expand_text(prompt, PromptMedia(images, videos))
+            return tokenize_text(self.tokenizer, text), ordered
+        vocab = self.config.text.vocab_size
+        if not (isinstance(input_ids, list) and all(isinstance(t, int) and 0 <= t < vocab for t in input_ids)):
+            raise InvalidRequest(f"input_ids must be a list of token ids in [0, {vocab})")
+        return list(input_ids), images + [f for v in videos for f in v]
+
+    def _room_to_generate(self, prompt_len: int) -> int:
+        room = min(self.context_len, self.pool_capacity) - prompt_len
+        if room < 1:
+            raise InvalidRequest(f"the prompt has {prompt_len} tokens: no room to generate within the context "
+                                 f"length of {self.context_len} tokens and the KV pool of {self.pool_capacity}")
+        return room
+
+    def _check_length(self, prompt_len: int, params: SamplingParams) -> None:
+        if prompt_len == 0:
+            raise InvalidRequest("the prompt is empty")
+        if prompt_len + params.max_new_tokens > self.context_len:
+            raise InvalidRequest(f"the prompt has {prompt_len} tokens and max_new_tokens is {params.max_new_tokens}: "
+                                 f"together over the context length of {self.context_len} tokens")
+        if prompt_len + params.max_new_tokens > self.pool_capacity:
+            raise InvalidRequest(f"the request needs up to {prompt_len + params.max_new_tokens} KV slots, "
+                                 f"over the KV pool of {self.pool_capacity}")
+
+
+def _as_list(value, name: str) -> list:
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)):
+        return [value]
+    if isinstance(value, list):
+        return value
+    raise InvalidRequest(f"{name} must be a string, bytes or a list of them")

@@ -1,0 +1,14 @@
+"""`vlserve serve` options: the engine's (vlserve/core/config.py) plus the HTTP server's own."""
+
+from dataclasses import dataclass
+
+from vlserve.core.config import EngineArgs, _opt
+
+
+@dataclass
+class ServerArgs(EngineArgs):
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY'")
+    max_request_bytes: int = 64 * 1024 * 1024
+    log_level: str = "info"
