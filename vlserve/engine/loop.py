@@ -5,7 +5,6 @@ schedule → run → process. Nothing else runs on this thread; nothing else tou
 scheduler's queues (submissions and aborts cross over through thread-safe queues).
 """
 
-import logging
 import queue
 import threading
 import time
@@ -14,7 +13,6 @@ from vlserve.core.request import Req
 from vlserve.runner.model_runner import ModelRunner
 from vlserve.scheduler.scheduler import Scheduler
 
-log = logging.getLogger(__name__)
 
 
 def step(scheduler: Scheduler, runner: ModelRunner) -> None:
@@ -61,11 +59,11 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.heartbeat = time.monotonic()
+            self._drain_inbox(block=self.scheduler.idle)
             try:
-                self._drain_inbox(block=self.scheduler.idle)
                 step(self.scheduler, self.runner)
-            except Exception:  # pragma: no cover - step() already fails the batch's requests
-                log.exception("engine step failed")
+            except Exception as e:  # a bug in schedule/process: fail what is queued, keep the loop
+                self.scheduler.fail_all(e)
 
     def _drain_inbox(self, block: bool) -> None:
         try:

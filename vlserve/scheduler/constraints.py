@@ -17,8 +17,8 @@ FORCED_LOGPROB = 0.0  # a jumped token had no choice
 
 
 class ConstraintHooks:
-    def __init__(self, cm: CacheManager, jump_forward: bool = True):
-        self.cm, self.jump_forward = cm, jump_forward
+    def __init__(self, cm: CacheManager, context_len: int, jump_forward: bool = True):
+        self.cm, self.context_len, self.jump_forward = cm, context_len, jump_forward
 
     def first_jump(self, req: Req) -> JumpForward | None:
         """A schema's output often starts forced (`{"name": "`): the jump to make before sampling."""
@@ -46,9 +46,12 @@ class ConstraintHooks:
         return min(jump.keep_len, sent)
 
     def _apply(self, req: Req, jump: JumpForward) -> None:
-        """The one place a jump changes anything: KV, output ids and logprobs, constraint state."""
+        """The one place a jump changes anything: KV, output ids and logprobs, constraint state.
+        The forced text is cut at max_new_tokens and at the context's end: a request never holds
+        more tokens than it may compute (the finish check then ends it with "length")."""
+        room = min(req.sampling.max_new_tokens, self.context_len - len(req.input_ids))
+        new_ids = jump.new_output_ids[:max(room, jump.keep_len)]
         self.cm.rewind(req, min(req.kv_len, len(req.input_ids) + jump.keep_len))
-        req.constraint.replace_tail(jump.keep_len, jump.new_output_ids[jump.keep_len:])
-        req.output_logprobs = req.output_logprobs[:jump.keep_len] + \
-            [FORCED_LOGPROB] * (len(jump.new_output_ids) - jump.keep_len)
-        req.output_ids = list(jump.new_output_ids)
+        req.constraint.replace_tail(jump.keep_len, new_ids[jump.keep_len:])
+        req.output_logprobs = req.output_logprobs[:jump.keep_len] + [FORCED_LOGPROB] * (len(new_ids) - jump.keep_len)
+        req.output_ids = list(new_ids)

@@ -40,7 +40,7 @@ class Scheduler:
         max_running = min(cfg.max_running_requests, memory.req_to_token.table.shape[0])
         self.admission = PrefillAdmission(self.cm, self.policy, cfg.new_token_ratio, max_running,
                                           cfg.prefix_share_threshold)
-        self.constraints = ConstraintHooks(self.cm, jump_forward=not cfg.disable_jump_forward)
+        self.constraints = ConstraintHooks(self.cm, self.context_len, jump_forward=not cfg.disable_jump_forward)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -96,6 +96,10 @@ class Scheduler:
 
     def _alloc_or_retract(self, req: Req, n: int) -> torch.Tensor | None:
         """Allocates; on OOM retracts the most recently admitted request (maybe req itself)."""
+        if req.kv_len + n > self.context_len:  # a bug upstream: never write past the request's row
+            self._finish(req, "error", error=f"internal error: {req.kv_len + n} positions exceed the context "
+                                             f"length of {self.context_len}")
+            return None
         while True:
             try:
                 return self.cm.alloc(req, n)
@@ -135,11 +139,20 @@ class Scheduler:
                 self._finish(req, "length")
             elif p.jump is not None:
                 self.constraints.apply_first_jump(req, p.jump)
-                self._emit(req, finished=False, replace_from=0)  # the forced prefix is extended next step
+                self._after_output_changed(req, replace_from=0)  # else the forced prefix is extended next step
             elif error is not None:
                 self._finish(req, "error", error=error)
             elif sampled is not None:
                 self._on_token(req, sampled, now)
+        self._update_gauges()
+
+    def fail_all(self, error: Exception) -> None:
+        """A bug outside the forward (in schedule or process): every request still here ends with an
+        error rather than wait forever on a loop that fails the same way each step."""
+        log.error("scheduling step failed", exc_info=error)
+        for req in self.running + self.waiting:
+            if not req.finished:
+                self._finish(req, "error", error=f"internal error: {error}")
         self._update_gauges()
 
     def fail(self, plan: list[PlannedExtend], error: Exception) -> None:
@@ -171,6 +184,9 @@ class Scheduler:
             log.exception("constraint update failed for request %s", req.rid)
             self._finish(req, "error", error=f"internal error in the output constraint: {e}")
             return
+        self._after_output_changed(req, replace_from)
+
+    def _after_output_changed(self, req: Req, replace_from: int | None) -> None:
         reason = self.finish_checker.check(req, self.context_len)
         if reason:
             self._finish(req, reason, replace_from=replace_from)
