@@ -4,6 +4,7 @@ session, media builders, and the leak check (invariants 1 and 7 of docs/ARCHITEC
 import atexit
 import base64
 import io
+import os
 import re
 import tempfile
 import threading
@@ -29,6 +30,11 @@ def tiny_model_dir() -> str:
 
             _shared["model"] = make_tiny_model(tempfile.mkdtemp(prefix="vlserve-server-tests-"))
         return _shared["model"]
+
+
+def served_model() -> str:
+    """The name the test servers serve their model under (the model directory's name)."""
+    return os.path.basename(tiny_model_dir())
 
 
 def start_server(**overrides) -> tuple[object, BackgroundServer]:

@@ -5,7 +5,9 @@ import json
 import openai
 import pytest
 
-from server_helpers import data_uri, image_message, metric_values, mp4, png
+from server_helpers import data_uri, image_message, metric_values, mp4, png, served_model
+
+MODEL = served_model()
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,7 @@ def test_health_models_and_metrics(http, client):
 
 
 def test_plain_chat_through_the_openai_client(client):
-    out = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hello!"}],
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}],
                                          max_tokens=6, temperature=0)
     choice = out.choices[0]
     assert out.object == "chat.completion" and choice.message.role == "assistant"
@@ -36,15 +38,15 @@ def test_plain_chat_through_the_openai_client(client):
     assert 1 <= out.usage.completion_tokens <= 6
     assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
     assert out.usage.prompt_tokens_details.cached_tokens >= 0
-    again = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hello!"}],
+    again = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}],
                                            max_tokens=6, temperature=0)
     assert again.choices[0].message.content == choice.message.content  # greedy is deterministic
 
 
 def test_streaming_chat_matches_the_plain_answer_and_reports_usage(client):
     messages = [{"role": "user", "content": "Describe the picture."}]
-    plain = client.chat.completions.create(model="m", messages=messages, max_tokens=8, temperature=0)
-    stream = client.chat.completions.create(model="m", messages=messages, max_tokens=8, temperature=0, stream=True,
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0, stream=True,
                                             stream_options={"include_usage": True})
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -57,17 +59,17 @@ def test_streaming_chat_matches_the_plain_answer_and_reports_usage(client):
 
 def test_the_same_image_twice_hits_the_cache(client):
     messages = image_message(data_uri(png(seed=1234)))
-    first = client.chat.completions.create(model="m", messages=messages, max_tokens=4, temperature=0)
-    second = client.chat.completions.create(model="m", messages=messages, max_tokens=4, temperature=0)
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
     assert first.usage.prompt_tokens == second.usage.prompt_tokens >= 16  # 16 tokens per image
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens_details.cached_tokens + 16
     assert second.choices[0].message.content == first.choices[0].message.content
 
 
 def test_a_different_image_of_the_same_size_misses_the_cache(client):
-    a = client.chat.completions.create(model="m", messages=image_message(data_uri(png(seed=77))), max_tokens=2,
+    a = client.chat.completions.create(model=MODEL, messages=image_message(data_uri(png(seed=77))), max_tokens=2,
                                        temperature=0)
-    b = client.chat.completions.create(model="m", messages=image_message(data_uri(png(seed=78))), max_tokens=2,
+    b = client.chat.completions.create(model=MODEL, messages=image_message(data_uri(png(seed=78))), max_tokens=2,
                                        temperature=0)
     # only the template text before the image can be shared
     assert b.usage.prompt_tokens_details.cached_tokens < b.usage.prompt_tokens - 16
@@ -77,16 +79,16 @@ def test_a_different_image_of_the_same_size_misses_the_cache(client):
 def test_video_part_expands_to_frames(client):
     messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": data_uri(mp4(6), "video/mp4")}},
                                              {"type": "text", "text": "What happens?"}]}]
-    out = client.chat.completions.create(model="m", messages=messages, max_tokens=2, temperature=0)
-    text_only = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "What happens?"}],
+    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)
+    text_only = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What happens?"}],
                                                max_tokens=2, temperature=0)
     assert out.usage.prompt_tokens >= text_only.usage.prompt_tokens + 6 * 16  # 6 frames of 16 tokens
 
 
 def test_n_choices_share_the_prompt_and_count_it_once(client):
     messages = image_message(data_uri(png(seed=5)), "Two answers please.")
-    one = client.chat.completions.create(model="m", messages=messages, max_tokens=5, temperature=1.0, seed=3)
-    many = client.chat.completions.create(model="m", messages=messages, max_tokens=5, temperature=1.0, seed=3, n=3)
+    one = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=1.0, seed=3)
+    many = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=1.0, seed=3, n=3)
     assert [c.index for c in many.choices] == [0, 1, 2]
     assert many.usage.prompt_tokens == one.usage.prompt_tokens
     assert 3 <= many.usage.completion_tokens <= 15  # all choices count
@@ -95,21 +97,22 @@ def test_n_choices_share_the_prompt_and_count_it_once(client):
 
 
 def test_stop_strings_trim_the_answer(client):
-    base = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=12,
+    base = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=12,
                                           temperature=0).choices[0].message.content
     stop = next((base[i:i + 2] for i in range(1, len(base) - 1) if base[i:i + 2].strip()), None)
     if stop is None:
         pytest.skip("the random model's answer has no usable stop string")
-    out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=12,
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=12,
                                          temperature=0, stop=[stop])
     assert out.choices[0].message.content == base[:base.index(stop)]
     assert out.choices[0].finish_reason == "stop"
 
 
-def test_default_max_tokens_is_128_or_what_fits(http):
+def test_default_max_tokens_is_what_the_context_leaves(http):
     out = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Tell me a story."}],
-                                                  "temperature": 0, "stop": None}).json()
-    assert out["usage"]["completion_tokens"] <= 128
+                                                  "temperature": 0, "stop": None, "ignore_eos": True}).json()
+    assert out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"] == 2048  # the context
+    assert out["choices"][0]["finish_reason"] == "length"
     out = http.post("/v1/completions", json={"prompt": [40] * 2000, "temperature": 0}).json()  # context: 2048
     assert out["usage"]["prompt_tokens"] == 2000
     assert 1 <= out["usage"]["completion_tokens"] <= 48, out
@@ -118,11 +121,11 @@ def test_default_max_tokens_is_128_or_what_fits(http):
 
 
 def test_completions_text_batch_ids_and_stream(http, client):
-    out = client.completions.create(model="m", prompt=["Hello", "The quick brown"], max_tokens=3, temperature=0)
+    out = client.completions.create(model=MODEL, prompt=["Hello", "The quick brown"], max_tokens=3, temperature=0)
     assert [c.index for c in out.choices] == [0, 1]
     by_ids = http.post("/v1/completions", json={"prompt": [[1, 40, 41, 42]], "max_tokens": 3, "temperature": 0}).json()
     assert by_ids["object"] == "text_completion" and len(by_ids["choices"]) == 1
-    stream = client.completions.create(model="m", prompt="Hello", max_tokens=3, temperature=0, stream=True)
+    stream = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0, stream=True)
     assert "".join(c.choices[0].text for c in stream if c.choices) == out.choices[0].text
 
 
@@ -137,7 +140,7 @@ def test_response_format_json_schema(server, http, client):
     assert r.status_code == 200, r.text
     out = json.loads(r.json()["choices"][0]["message"]["content"])
     assert set(out) == {"answer", "ok"} and isinstance(out["answer"], int) and isinstance(out["ok"], bool)
-    streamed = client.chat.completions.create(model="m", stream=True, **{k: v for k, v in body.items()})
+    streamed = client.chat.completions.create(model=MODEL, stream=True, **{k: v for k, v in body.items()})
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == r.json()["choices"][0]["message"]["content"]
     bad = http.post("/v1/chat/completions", json=body | {"response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}})

@@ -8,7 +8,8 @@ from vlserve.core.config import EngineArgs
 from vlserve.server.args import ServerArgs
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each command's own."""
     parser = argparse.ArgumentParser(prog="vlserve", description="Serve vision-language models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -33,17 +34,22 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=f"see `vlserve {name} --help`", add_help=False)
         p.set_defaults(module=module)
 
+    return parser, {"serve": serve, "generate": gen, "make-tiny-model": tiny}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, commands = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command in ("videoqa", "bench"):
         import importlib
         return importlib.import_module(args.module).main(rest)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest:  # the command's own usage, not the top level's
+        commands[args.command].error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "serve":
         from vlserve.server.app import run_server
-        return run_server(ServerArgs.from_cli(args)) or 0
+        return run_server(_checked(ServerArgs, args, commands["serve"])) or 0
     if args.command == "generate":
-        return _generate(args)
+        return _generate(args, _checked(EngineArgs, args, commands["generate"]))
     if args.command == "make-tiny-model":
         from vlserve.model.tiny import make_tiny_model
         print(make_tiny_model(args.dir, seed=args.seed, layout=args.layout))
@@ -51,11 +57,24 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _generate(args) -> int:
+def parse_serve_args(argv: list[str]) -> ServerArgs:
+    """`vlserve serve ARGV` as ServerArgs (exits with a usage error on bad values, as the CLI does)."""
+    parser, commands = build_parser()
+    return _checked(ServerArgs, parser.parse_args(["serve", *argv]), commands["serve"])
+
+
+def _checked(args_cls, ns: argparse.Namespace, parser: argparse.ArgumentParser):
+    """The options as args_cls; a value it refuses is a usage error, not a traceback."""
+    try:
+        return args_cls.from_cli(ns)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def _generate(args, engine_args: EngineArgs) -> int:
     from vlserve import Engine
     from vlserve.core.errors import InvalidRequest, MediaError
 
-    engine_args = EngineArgs.from_cli(args)
     engine_args.allowed_media_path = engine_args.allowed_media_path or "/"  # files named here are the user's own
     with Engine(**engine_args.engine_kwargs()) as engine:
         prompt = args.prompt

@@ -32,3 +32,7 @@ class VisionEmbeddingCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.size_bytes = 0

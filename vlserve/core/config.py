@@ -46,14 +46,17 @@ class EngineArgs(CLIArgs):
     schedule_policy: str = _opt("lpm", choices=SCHEDULE_POLICIES)
     disable_radix_cache: bool = False
     attention_backend: str | None = _opt(None, "default: triton with CUDA, else torch", ATTENTION_BACKENDS)
-    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: from available memory)")
+    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: --mem-fraction-static of free memory)")
+    mem_fraction_static: float = _opt(0.3, "share of free memory (GPU, else host) the KV pool takes when "
+                                           "--max-total-tokens is not given")
     page_size: int = 1
-    tp_size: int = _opt(1, "tensor parallelism (only 1 is supported)")
+    tp_size: int = _opt(1, "tensor parallelism (only 1 is supported in this release)")
     chunked_prefill_size: int = 2048
     max_running_requests: int = 128
-    max_waiting_requests: int = 1024
+    max_waiting_requests: int = _opt(1024, "waiting-queue length past which requests get 503")
     context_length: int | None = None
     dtype: str = _opt("auto", choices=DTYPES)
+    chat_template: str | None = _opt(None, "a Jinja chat template file to use instead of the checkpoint's")
     device: str | None = None
     vision_cache_mb: float = 256.0
     video_frames: int | None = _opt(None, "frames sampled per video (default: 8)")
@@ -67,17 +70,21 @@ class EngineArgs(CLIArgs):
     disable_jump_forward: bool = False
     num_threads: int | None = _opt(None, "torch CPU threads")
 
-    ALIASES = {"tp_size": ["--tp"]}
+    # SGLang's and vLLM's names for the same options
+    ALIASES = {"model": ["--model-path"], "tp_size": ["--tp", "--tensor-parallel-size"],
+               "max_waiting_requests": ["--max-queued-requests"]}
 
     def __post_init__(self):
         if self.tp_size != 1:
-            raise ValueError(f"--tp {self.tp_size}: only tp_size 1 is supported in this release")
+            raise ValueError(f"--tp-size {self.tp_size}: only 1 is supported in this release")
         if self.page_size < 1:
             raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
         if self.chunked_prefill_size < 1:
             raise ValueError(f"--chunked-prefill-size must be >= 1, got {self.chunked_prefill_size}")
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
             raise ValueError(f"--max-total-tokens must be >= page size, got {self.max_total_tokens}")
+        if not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
 
     def engine_kwargs(self) -> dict:
         """The EngineArgs fields of this object (a subclass adds server-only fields)."""

@@ -40,6 +40,8 @@ class Engine:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.loaded = load_model(args.model or builtin_model_path(), dtype=args.dtype, device=device)
         self.tokenizer = self.loaded.tokenizer
+        if args.chat_template:
+            self.tokenizer.chat_template = _read_template(args.chat_template)
         self.metrics = Metrics()
         self.memory = self._make_memory(device)
         self.context_len = self.memory.context_len
@@ -60,7 +62,7 @@ class Engine:
         cfg, text = self.loaded.config, self.loaded.config.text
         shape = KVShape(text.num_layers, text.num_kv_heads, text.head_dim, cfg.dtype)
         context = min(self.args.context_length or text.max_position_embeddings, text.max_position_embeddings)
-        total = self.args.max_total_tokens or default_max_total_tokens(shape)
+        total = self.args.max_total_tokens or default_max_total_tokens(shape, self.args.mem_fraction_static)
         return KVMemory.create(shape, pick(MemoryConfig, self.args, max_total_tokens=total, context_length=context),
                                device)
 
@@ -144,6 +146,21 @@ class Engine:
     def _assembler(self, req: Req) -> OutputAssembler:
         return OutputAssembler(self.tokenizer, req.sampling.stop, req.sampling.skip_special_tokens, req.return_logprob)
 
+    def flush_cache(self, timeout: float = 30.0) -> bool:
+        """Empties the radix tree and the vision-embedding cache, on the loop thread, only while no
+        request is waiting or running (else False: nothing is flushed)."""
+        def flush() -> bool:
+            if not self.scheduler.idle:
+                return False
+            self.scheduler.cm.cache.reset()
+            self.runner.embedder.cache.clear()
+            return True
+        return self.loop.call(flush).result(timeout)
+
+    def tokenize(self, **kwargs) -> list[int]:
+        """The prompt's token ids as the radix tree sees them (images as pseudo-token keys)."""
+        return self.builder.token_ids(**kwargs)
+
     # ---- state and life --------------------------------------------------------------------------
     def pool_state(self) -> dict[str, int]:
         return self.scheduler.cm.pool_state()
@@ -169,6 +186,14 @@ class Engine:
 
     def __exit__(self, *exc):
         self.shutdown()
+
+
+def _read_template(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"--chat-template {path!r} could not be read: {e.strerror}") from None
 
 
 def _collecting_sink(outputs: list[StepOutput], done: threading.Event):

@@ -8,6 +8,8 @@ scheduler's queues (submissions and aborts cross over through thread-safe queues
 import queue
 import threading
 import time
+from concurrent.futures import Future
+from typing import Callable
 
 from vlserve.core.request import Req
 from vlserve.runner.model_runner import ModelRunner
@@ -32,6 +34,7 @@ class EngineLoop:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner):
         self.scheduler, self.runner = scheduler, runner
         self._inbox: queue.Queue[list[Req]] = queue.Queue()
+        self._calls: queue.SimpleQueue[tuple[Callable, Future]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self.heartbeat = time.monotonic()  # written every iteration; read by /health
         self._thread = threading.Thread(target=self._run, name="vlserve-engine", daemon=True)
@@ -42,6 +45,12 @@ class EngineLoop:
     def submit(self, reqs: list[Req]) -> None:
         """Thread-safe: the requests join the waiting queue together (so the policy orders them together)."""
         self._inbox.put(reqs)
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Runs fn on the loop thread between two steps (it may touch the scheduler and the cache)."""
+        future: Future = Future()
+        self._calls.put((fn, future))
+        return future
 
     @property
     def idle(self) -> bool:
@@ -59,11 +68,20 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.heartbeat = time.monotonic()
+            self._run_calls()
             self._drain_inbox(block=self.scheduler.idle)
             try:
                 step(self.scheduler, self.runner)
             except Exception as e:  # a bug in schedule/process: fail what is queued, keep the loop
                 self.scheduler.fail_all(e)
+
+    def _run_calls(self) -> None:
+        while not self._calls.empty():
+            fn, future = self._calls.get()
+            try:
+                future.set_result(fn())
+            except Exception as e:
+                future.set_exception(e)
 
     def _drain_inbox(self, block: bool) -> None:
         try:

@@ -37,11 +37,7 @@ class RequestBuilder:
         """fit_max_new_tokens: lower max_new_tokens to what fits the context and the KV pool (a
         default the client did not ask for) instead of refusing the request."""
         params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams.from_dict(sampling_params)
-        if (prompt is None) == (input_ids is None):
-            raise InvalidRequest("give exactly one of prompt (text) or input_ids")
-        ids, ordered = self._tokens(prompt, input_ids, _as_list(image_data, "image_data"),
-                                    _as_list(video_data, "video_data"), video_num_frames, video_fps)
-        ids, spans = expand_image_tokens(ids, self.config.image_token_id, ordered, self.config.tokens_per_image)
+        ids, spans = self._expanded(prompt, input_ids, image_data, video_data, video_num_frames, video_fps)
         if fit_max_new_tokens:
             params.max_new_tokens = min(params.max_new_tokens, self._room_to_generate(len(ids)))
         self._check_length(len(ids), params)
@@ -51,6 +47,19 @@ class RequestBuilder:
         if params.regex is not None or params.json_schema is not None:
             req.constraint = ConstraintState(self.compiler.compile(params.regex, params.json_schema))
         return req
+
+    def token_ids(self, prompt: str | None = None, input_ids: list[int] | None = None, image_data: list | None = None,
+                  video_data: list | None = None, video_num_frames: int | None = None,
+                  video_fps: float | None = None) -> list[int]:
+        """The ids a request with these inputs would have: the radix key, pseudo tokens for media."""
+        return self._expanded(prompt, input_ids, image_data, video_data, video_num_frames, video_fps)[0]
+
+    def _expanded(self, prompt, input_ids, image_data, video_data, video_num_frames, video_fps):
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequest("give exactly one of prompt (text) or input_ids")
+        ids, ordered = self._tokens(prompt, input_ids, _as_list(image_data, "image_data"),
+                                    _as_list(video_data, "video_data"), video_num_frames, video_fps)
+        return expand_image_tokens(ids, self.config.image_token_id, ordered, self.config.tokens_per_image)
 
     def _tokens(self, prompt, input_ids, image_data, video_data, video_num_frames, video_fps):
         """Token ids (one image token per image or frame) and the processed images in their order."""

@@ -43,8 +43,8 @@ class KVMemory:
                    ReqToTokenPool(cfg.max_running_requests, cfg.context_length, device), cfg.context_length)
 
 
-def default_max_total_tokens(shape: KVShape, fraction: float = 0.3, cap: int = 1 << 18) -> int:
-    """Sizes the pool from available memory (CUDA free memory, else a share of host RAM), at most
+def default_max_total_tokens(shape: KVShape, fraction: float, cap: int = 1 << 18) -> int:
+    """Sizes the pool as `fraction` of available memory (CUDA free memory, else host RAM), at most
     `cap` tokens (--max-total-tokens sets any size)."""
     if torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info()

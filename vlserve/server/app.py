@@ -7,11 +7,11 @@ through loop.call_soon_threadsafe.
 """
 
 import logging
-import os
 
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from vlserve.server.admin_routes import admin_router
 from vlserve.server.auth import APIKeyMiddleware
 from vlserve.server.body_limit import BodyLimitMiddleware
 from vlserve.server.errors import ErrorMappingRoute, error_response, install_error_handlers
@@ -22,20 +22,14 @@ from vlserve.server.args import ServerArgs
 
 log = logging.getLogger(__name__)
 
-BUILTIN_MODEL_NAME = "vlserve-builtin"
-
-
-def served_model_name(args: ServerArgs) -> str:
-    return os.path.basename(os.path.normpath(args.model)) if args.model else BUILTIN_MODEL_NAME
-
-
 def build_app(engine, args: ServerArgs) -> FastAPI:
     app = FastAPI(title="vlserve", description="Serving vision-language models", version="0.1.0")
     app.router.route_class = ErrorMappingRoute
     install_error_handlers(app)
-    app.include_router(openai_router(engine, served_model_name(args)))
+    app.include_router(openai_router(engine, args.model_name()))
     app.include_router(generate_router(engine))
     app.include_router(upload_router(engine))
+    app.include_router(admin_router(engine, args))
 
     @app.get("/health")
     async def health():
@@ -65,7 +59,7 @@ def run_server(args: ServerArgs) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = make_engine(args)
-    log.info("serving %s on http://%s:%d", served_model_name(args), args.host, args.port)
+    log.info("serving %s on http://%s:%d", args.model_name(), args.host, args.port)
     try:
         uvicorn.run(build_app(engine, args), host=args.host, port=args.port, log_level=args.log_level.lower())
     finally:

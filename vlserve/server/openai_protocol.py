@@ -1,7 +1,8 @@
 """OpenAI request bodies (validated by pydantic; they also make the OpenAPI schema) and response shapes.
 
-Unknown fields are ignored, as OpenAI-compatible servers commonly do, so clients that send extra
-options keep working; every field we read is validated and a bad one is a 400 naming it.
+Every field OpenAI documents for these routes is either honoured or refused with a 400 naming it
+(UNSUPPORTED, checked in server/sampling.py); a field nobody documents is refused too (extra="forbid"),
+so a client never believes an option took effect when it did not. README lists each field.
 """
 
 import time
@@ -58,8 +59,19 @@ class ResponseFormat(BaseModel):
     json_schema: JSONSchemaFormat | None = None
 
 
+# Documented OpenAI fields vlserve does not implement yet, with the value that means "off": a request
+# that sends anything else gets a 400 naming the field.
+UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "frequency_penalty": (None, 0),
+               "presence_penalty": (None, 0), "repetition_penalty": (None, 1), "logit_bias": (None, {}),
+               "min_tokens": (None, 0), "echo": (None, False), "best_of": (None, 1), "suffix": (None,),
+               "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None,),
+               "functions": (None, []), "function_call": (None, "none"), "modalities": (None, ["text"]),
+               "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
+
+
 class SamplingFields(BaseModel):
     """The sampling options the chat and completion routes share."""
+    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0)
@@ -69,16 +81,49 @@ class SamplingFields(BaseModel):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    user: str | None = None  # for the caller's own tracking; nothing to do with it here
+    store: bool | None = None  # nothing is stored either way
+    metadata: dict | None = None
+    service_tier: str | None = None
+    # the extra sampling fields vLLM and SGLang accept
+    top_k: int | None = None
+    min_p: float | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    regex: str | None = None
+    json_schema: str | dict | None = None
+    skip_special_tokens: bool | None = None
+    # documented but refused unless "off" (UNSUPPORTED)
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict | None = None
+    min_tokens: int | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list | None = None
+    function_call: str | dict | None = None
+    modalities: list | None = None
+    audio: dict | None = None
+    prediction: dict | None = None
+    reasoning_effort: str | None = None
+    web_search_options: dict | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
 
 
 def new_id(prefix: str) -> str:
@@ -106,5 +151,6 @@ def envelope(object_type: str, rid: str, model: str, choices: list[dict], **extr
 
 
 def finish_reason(meta: dict) -> str | None:
-    reason = meta.get("finish_reason")
-    return reason if reason in (None, "stop", "length") else "stop"
+    """stop, length, or abort (as vLLM reports an aborted request); an error never gets here as a
+    finish reason: it is an error response or an error event."""
+    return meta.get("finish_reason")

@@ -51,8 +51,14 @@ def openai_router(engine, model_name: str) -> APIRouter:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
                                             "owned_by": "vlserve", "max_model_len": engine.context_len}]}
 
+    def check_model(body) -> None:
+        if body.model is not None and body.model != model_name:
+            raise APIError(404, f"the model `{body.model}` does not exist: this server serves `{model_name}` "
+                                "(GET /v1/models)", param="model", code="model_not_found")
+
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
+        check_model(body)
         prompt = build_chat_prompt(engine.tokenizer, body.messages)
         params, fit = openai_sampling(body)
         base = {"prompt": prompt.text, "image_data": prompt.images or None, "video_data": prompt.videos or None,
@@ -62,6 +68,7 @@ def openai_router(engine, model_name: str) -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
+        check_model(body)
         prompts = _completion_prompts(body.prompt)
         params, fit = openai_sampling(body)
         if len(prompts) * body.n > MAX_CHOICES:

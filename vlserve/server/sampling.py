@@ -3,20 +3,34 @@
 import json
 
 from vlserve.server.errors import APIError
-from vlserve.server.openai_protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
+from vlserve.server.openai_protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest, ResponseFormat
 
-DEFAULT_MAX_TOKENS = 128  # when the client gives none; lowered to what fits the context (fit_max_new_tokens)
+# max_tokens absent: what is left of the context (as vLLM does) — the engine lowers this to the room
+# the prompt leaves (fit_max_new_tokens)
+UP_TO_THE_CONTEXT = 1 << 30
+EXTRA_FIELDS = ("top_k", "min_p", "ignore_eos", "stop_token_ids", "regex", "json_schema", "skip_special_tokens")
 
 
 def openai_sampling(body: ChatCompletionRequest | CompletionRequest) -> tuple[dict, bool]:
-    """(sampling_params, fit_max_new_tokens)."""
+    """(sampling_params, fit_max_new_tokens). Refuses documented fields vlserve does not implement."""
+    refuse_unsupported(body)
     max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
-    params = {"max_new_tokens": max_tokens or DEFAULT_MAX_TOKENS, "stop": body.stop, "seed": body.seed,
-              "temperature": body.temperature, "top_p": body.top_p}
-    schema = _schema_of(getattr(body, "response_format", None))
+    params = {"max_new_tokens": max_tokens or UP_TO_THE_CONTEXT, "stop": body.stop, "seed": body.seed,
+              "temperature": body.temperature, "top_p": body.top_p, **{k: getattr(body, k) for k in EXTRA_FIELDS}}
+    schema = _schema_of(body.response_format)
     if schema is not None:
+        if body.json_schema is not None or body.regex is not None:
+            raise APIError(400, "give response_format or json_schema/regex, not both", param="response_format")
         params["json_schema"] = schema
     return {k: v for k, v in params.items() if v is not None}, max_tokens is None
+
+
+def refuse_unsupported(body) -> None:
+    for name, off in UNSUPPORTED.items():
+        value = getattr(body, name, None)
+        if value not in off:
+            raise APIError(400, f"{name} is not supported by this server (send it unset)", param=name,
+                           code="unsupported_parameter")
 
 
 def per_choice(params: dict, n: int) -> list[dict]:

@@ -1,0 +1,130 @@
+"""Drop-in for SGLang and vLLM users: their flag names, `python -m vlserve`, SGLang's service routes,
+and the OpenAI routes honouring or refusing every documented field (never silently dropping one)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from server_helpers import data_uri, png, served_model, start_server
+from vlserve.cli import parse_serve_args
+
+CHAT = {"model": served_model(), "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def own_server():
+    """A server of this module's own: /flush_cache empties its cache."""
+    engine, srv = start_server()
+    import httpx
+    with httpx.Client(base_url=srv.url, timeout=60) as http:
+        yield engine, http
+    srv.stop()
+    engine.shutdown()
+
+
+def test_sglang_and_vllm_flag_names():
+    args = parse_serve_args(["--model-path", "/ckpt", "--tensor-parallel-size", "1", "--served-model-name", "llava",
+                             "--mem-fraction-static", "0.2", "--max-queued-requests", "5", "--enable-metrics",
+                             "--chat-template", "t.jinja", "--tp-size", "1"])
+    assert (args.model, args.tp_size, args.served_model_name, args.mem_fraction_static, args.max_waiting_requests,
+            args.chat_template, args.model_name()) == ("/ckpt", 1, "llava", 0.2, 5, "t.jinja", "llava")
+    assert parse_serve_args(["--model", "/a/b/"]).model_name() == "b"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["serve", "--tp", "2"], "--tp-size 2: only 1 is supported"),
+    (["serve", "--mem-fraction-static", "1.5"], "--mem-fraction-static must be in (0, 1)"),
+    (["serve", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["serve", "--schedule-policy", "sjf"], "invalid choice: 'sjf'"),
+])
+def test_bad_flags_are_usage_errors_of_serve(argv, message):
+    run = subprocess.run([sys.executable, "-m", "vlserve", *argv], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and message in run.stderr and "usage: vlserve serve" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_flush_cache_empties_the_cache_and_refuses_while_busy(own_server):
+    engine, http = own_server
+    body = {"text": "USER: the same words, twice over ASSISTANT:", "sampling_params": {"max_new_tokens": 2}}
+    http.post("/generate", json=body)
+    assert http.post("/generate", json=body).json()["meta_info"]["cached_tokens"] > 0
+    assert http.post("/flush_cache").status_code == 200
+    assert http.post("/generate", json=body).json()["meta_info"]["cached_tokens"] == 0
+    assert engine.pool_state()["cached"] > 0 and http.get("/flush_cache").status_code == 200
+    assert engine.pool_state()["cached"] == 0
+    long = engine.make_request(prompt="USER: go on ASSISTANT:",
+                               sampling_params={"max_new_tokens": 1500, "ignore_eos": True})
+    import threading
+    finished = threading.Event()
+    long.sink = lambda out: finished.set() if out.finished else None
+    engine.submit([long])
+    busy = http.post("/flush_cache")
+    engine.abort(long.rid)
+    assert finished.wait(60)
+    assert busy.status_code == 400 and "waiting or running" in busy.json()["error"]["message"]
+    engine.wait_idle()
+    engine.scheduler.cm.check_idle_accounting()
+
+
+def test_model_and_server_info(own_server):
+    engine, http = own_server
+    model = http.get("/get_model_info").json()
+    assert model["is_generation"] is True and model["model_path"] == engine.loaded.path
+    assert model["architectures"] == ["LlavaForConditionalGeneration"] and model["served_model_name"] == served_model()
+    info = http.get("/get_server_info").json()
+    assert info["page_size"] == 1 and info["max_total_tokens"] == 4096 and "api_key" not in info
+    assert info["internal_states"][0]["kv_pool_capacity_tokens"] == 4096 and "version" in info
+
+
+def test_tokenize_shows_the_radix_key_and_detokenize_inverts_it(own_server):
+    engine, http = own_server
+    text, image = "USER: <image>\nWhat is it? ASSISTANT:", data_uri(png(seed=4))
+    tok = http.post("/tokenize", json={"prompt": text, "image_data": image}).json()
+    gen = http.post("/generate", json={"text": text, "image_data": image, "sampling_params": {"max_new_tokens": 1}})
+    assert tok["count"] == len(tok["tokens"]) == gen.json()["meta_info"]["prompt_tokens"]
+    assert sum(t >= engine.loaded.config.text.vocab_size for t in tok["tokens"]) == engine.loaded.config.tokens_per_image
+    assert tok["max_model_len"] == engine.context_len
+    other = http.post("/tokenize", json={"prompt": text, "image_data": data_uri(png(seed=5))}).json()
+    assert other["tokens"] != tok["tokens"]  # a different picture, different keys
+    back = http.post("/detokenize", json={"tokens": tok["tokens"]}).json()["text"]
+    assert back.count("<image>") == 1 and "What is it?" in back
+    plain = http.post("/tokenize", json={"prompt": ["Hello", "Hello there"], "add_special_tokens": False}).json()
+    assert plain["count"][1] > plain["count"][0] and plain["tokens"][0][0] != engine.tokenizer.bos_token_id
+    assert http.post("/detokenize", json={"tokens": [-1]}).status_code == 400
+
+
+@pytest.mark.parametrize("field,value", [("tools", [{"type": "function", "function": {"name": "f"}}]),
+                                         ("logprobs", True), ("presence_penalty", 0.5), ("logit_bias", {"1": 5}),
+                                         ("no_such_field", 1)])
+def test_openai_fields_not_implemented_are_refused_by_name(http, field, value):
+    r = http.post("/v1/chat/completions", json=CHAT | {field: value})
+    assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+
+
+def test_openai_neutral_values_of_unimplemented_fields_are_accepted(http):
+    r = http.post("/v1/chat/completions", json=CHAT | {"presence_penalty": 0, "frequency_penalty": 0.0,
+                                                       "logprobs": False, "tools": None, "user": "u-1"})
+    assert r.status_code == 200, r.text
+
+
+def test_openai_extra_sampling_fields_are_honoured(http):
+    r = http.post("/v1/chat/completions", json=CHAT | {"regex": "(yes|no)", "max_tokens": 8})
+    assert r.json()["choices"][0]["message"]["content"] in ("yes", "no")
+    r = http.post("/v1/completions", json={"model": served_model(), "prompt": "Answer:", "max_tokens": 5, "temperature": 0,
+                                           "ignore_eos": True, "min_p": 0.1, "top_k": 1})
+    assert r.json()["usage"]["completion_tokens"] == 5
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    r = http.post("/v1/completions", json={"model": served_model(), "prompt": "JSON:", "max_tokens": 16,
+                                           "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}})
+    assert r.json()["choices"][0]["text"] in ('{"ok": true}', '{"ok": false}')
+
+
+def test_openai_unknown_model_is_404(http):
+    r = http.post("/v1/chat/completions", json=CHAT | {"model": "gpt-4o"})
+    assert r.status_code == 404 and "gpt-4o" in r.json()["error"]["message"]
+
+
+def test_python_dash_m_vlserve():
+    run = subprocess.run([sys.executable, "-m", "vlserve", "--help"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "serve" in run.stdout

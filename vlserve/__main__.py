@@ -1,0 +1,7 @@
+"""`python -m vlserve ...` is the `vlserve` command."""
+
+import sys
+
+from vlserve.cli import main
+
+sys.exit(main())
