@@ -124,8 +124,10 @@ def assert_leak_free(engine, url: str | None = None, timeout: float = 30.0) -> N
 
 
 def metric_values(text: str, name: str) -> dict[str, float]:
-    """{labels: value} of one metric in Prometheus text ('' for no labels)."""
+    """{labels: value} of one metric in Prometheus text ('' for no labels). The model_name label every
+    series carries is left out of the keys."""
     out = {}
     for m in re.finditer(rf"^{re.escape(name)}(?:\{{(.*?)\}})? (\S+)$", text, re.M):
-        out[m.group(1) or ""] = float(m.group(2))
+        labels = ",".join(p for p in (m.group(1) or "").split(",") if p and not p.startswith("model_name="))
+        out[labels] = float(m.group(2))
     return out

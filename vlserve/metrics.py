@@ -1,27 +1,77 @@
-"""Prometheus metrics (names are an interface other programs rely on; prefix vlserve_). One registry per engine."""
+"""Prometheus metrics, one registry per engine. Every series carries a model_name label.
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+Our names (prefix vlserve_) are an interface other programs rely on. With --metrics-names vllm or
+sglang the same measurements are also exported under the names those projects' Grafana dashboards
+query (vllm:…, sglang:…), renamed at scrape time by AliasCollector (metrics_aliases.py).
+"""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from vlserve.metrics_aliases import AliasCollector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
+LENGTH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+
+
+class Bound:
+    """A metric with model_name already set: .inc/.set/.observe, or .labels(other labels)."""
+
+    def __init__(self, metric, model_name: str):
+        self.metric, self.model_name = metric, model_name
+        self.child = metric.labels(model_name=model_name) if metric._labelnames == ("model_name",) else None
+
+    def labels(self, **labels):
+        return self.metric.labels(model_name=self.model_name, **labels)
+
+    def __getattr__(self, name):  # inc, set, observe, _value, … of the only child
+        return getattr(self.child, name)
 
 
 class Metrics:
-    def __init__(self):
+    def __init__(self, model_name: str = "vlserve", names: str = "vlserve"):
+        self.model_name = model_name
         r = self.registry = CollectorRegistry()
-        self.prompt_tokens = Counter("vlserve_prompt_tokens", "Prompt tokens of finished prefills", registry=r)
-        self.cached_prompt_tokens = Counter("vlserve_cached_prompt_tokens", "Prompt tokens served from the radix cache", registry=r)
-        self.generation_tokens = Counter("vlserve_generation_tokens", "Generated tokens", registry=r)
-        self.requests = Counter("vlserve_requests", "Finished requests by status", ["status"], registry=r)
-        self.kv_capacity = Gauge("vlserve_kv_pool_capacity_tokens", "KV pool capacity in tokens", registry=r)
-        self.kv_tokens = Gauge("vlserve_kv_pool_tokens", "KV pool tokens by state", ["state"], registry=r)
-        self.forward_passes = Counter("vlserve_forward_passes", "Model forward passes by mode", ["mode"], registry=r)
-        self.vision_encoder_images = Counter("vlserve_vision_encoder_images", "Images run through the vision tower", registry=r)
-        self.vision_cache_hits = Counter("vlserve_vision_cache_hits", "Images whose embedding came from the vision cache", registry=r)
-        self.ttft = Histogram("vlserve_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("vlserve_e2e_request_latency_seconds", "End-to-end request latency", buckets=LATENCY_BUCKETS, registry=r)
-        self.waiting = Gauge("vlserve_num_waiting_requests", "Requests in the waiting queue", registry=r)
-        self.running = Gauge("vlserve_num_running_requests", "Requests admitted and running", registry=r)
+        self.aliases = None
+        if names != "vlserve":
+            self.aliases = CollectorRegistry()
+            self.aliases.register(AliasCollector(r, names, model_name))
+
+        def make(kind, name, doc, labels=(), **kw):
+            return Bound(kind(name, doc, ["model_name", *labels], registry=r, **kw), model_name)
+
+        def hist(name, doc, buckets=LATENCY_BUCKETS):
+            return make(Histogram, name, doc, buckets=buckets)
+
+        self.prompt_tokens = make(Counter, "vlserve_prompt_tokens", "Prompt tokens of finished prefills")
+        self.cached_prompt_tokens = make(Counter, "vlserve_cached_prompt_tokens", "Prompt tokens served from the radix cache")
+        self.generation_tokens = make(Counter, "vlserve_generation_tokens", "Generated tokens")
+        self.requests = make(Counter, "vlserve_requests", "Finished requests by status", ["status"])
+        self.finished = make(Counter, "vlserve_finished_requests", "Finished requests by finish reason", ["finished_reason"])
+        self.kv_capacity = make(Gauge, "vlserve_kv_pool_capacity_tokens", "KV pool capacity in tokens")
+        self.kv_tokens = make(Gauge, "vlserve_kv_pool_tokens", "KV pool tokens by state", ["state"])
+        self.forward_passes = make(Counter, "vlserve_forward_passes", "Model forward passes by mode", ["mode"])
+        self.vision_encoder_images = make(Counter, "vlserve_vision_encoder_images", "Images run through the vision tower")
+        self.vision_cache_hits = make(Counter, "vlserve_vision_cache_hits", "Images whose embedding came from the vision cache")
+        self.waiting = make(Gauge, "vlserve_num_waiting_requests", "Requests in the waiting queue")
+        self.running = make(Gauge, "vlserve_num_running_requests", "Requests admitted and running")
+        self.ttft = hist("vlserve_time_to_first_token_seconds", "Time to first token")
+        self.e2e = hist("vlserve_e2e_request_latency_seconds", "End-to-end request latency")
+        self.queue_time = hist("vlserve_queue_time_seconds", "Arrival to first admission")
+        self.prefill_time = hist("vlserve_request_prefill_time_seconds", "First admission to first token")
+        self.decode_time = hist("vlserve_request_decode_time_seconds", "First token to the end of the request")
+        self.tpot = hist("vlserve_time_per_output_token_seconds", "Mean time per output token after the first, per request",
+                         TOKEN_LATENCY_BUCKETS)
+        self.itl = hist("vlserve_inter_token_latency_seconds", "Time between two output steps of a request",
+                        TOKEN_LATENCY_BUCKETS)
+        self.request_prompt_tokens = hist("vlserve_request_prompt_tokens", "Prompt tokens per request", LENGTH_BUCKETS)
+        self.request_generation_tokens = hist("vlserve_request_generation_tokens", "Generated tokens per request",
+                                              LENGTH_BUCKETS)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every series (and their aliases)."""
+        return generate_latest(self.registry) + (generate_latest(self.aliases) if self.aliases else b"")
 
     @staticmethod
-    def value(counter, **labels) -> float:
-        return (counter.labels(**labels) if labels else counter)._value.get()
+    def value(metric, **labels) -> float:
+        return (metric.labels(**labels) if labels else metric)._value.get()

@@ -8,11 +8,14 @@ is written twice.
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
 ATTENTION_BACKENDS = ("torch", "triton")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+METRICS_NAMES = ("vlserve", "vllm", "sglang")
+BUILTIN_MODEL_NAME = "vlserve-builtin"
 
 
 def _opt(default, help: str | None = None, choices=None):
@@ -43,6 +46,8 @@ class CLIArgs:
 @dataclass
 class EngineArgs(CLIArgs):
     model: str | None = _opt(None, "local Hugging Face LLaVA directory (default: the built-in model)")
+    served_model_name: str | None = _opt(None, "the model name clients send, /v1/models lists and metrics carry "
+                                               "(default: the model directory's name)")
     schedule_policy: str = _opt("lpm", choices=SCHEDULE_POLICIES)
     disable_radix_cache: bool = False
     attention_backend: str | None = _opt(None, "default: triton with CUDA, else torch", ATTENTION_BACKENDS)
@@ -69,6 +74,10 @@ class EngineArgs(CLIArgs):
     max_wait_steps: int = _opt(512, "aging: a request waiting this many steps goes first")
     disable_jump_forward: bool = False
     num_threads: int | None = _opt(None, "torch CPU threads")
+    metrics_names: str = _opt("vlserve", "also export metrics under vLLM's or SGLang's names, for their "
+                                         "Grafana dashboards", METRICS_NAMES)
+    log_requests: bool = _opt(False, "log every request's arrival and its end (ids, tokens, latency)")
+    log_stats_interval: float = _opt(10.0, "seconds between the engine's throughput log lines while busy (0 = off)")
 
     # SGLang's and vLLM's names for the same options
     ALIASES = {"model": ["--model-path"], "tp_size": ["--tp", "--tensor-parallel-size"],
@@ -86,6 +95,11 @@ class EngineArgs(CLIArgs):
         if not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
 
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        return os.path.basename(os.path.normpath(self.model)) if self.model else BUILTIN_MODEL_NAME
+
     def engine_kwargs(self) -> dict:
         """The EngineArgs fields of this object (a subclass adds server-only fields)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(EngineArgs)}
@@ -101,6 +115,7 @@ class SchedulerConfig:
     max_wait_steps: int
     prefix_share_threshold: int
     disable_jump_forward: bool
+    log_requests: bool
 
 
 @dataclass(frozen=True, kw_only=True)

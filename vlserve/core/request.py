@@ -5,8 +5,9 @@ owner, and only that owner's methods assign it; everyone else reads.
 - engine (request building, engine/request_builder.py): everything up to `sink`, before submission;
 - scheduler.policy: matched_len (a hint for ordering; never trusted for admission);
 - scheduler.cache_manager: req_row, kv_len, tree_len, last_node, cached_tokens (the KV it owns);
-- scheduler.scheduler (process): output_ids, output_logprobs, input_logprobs, finish_reason,
-  first_token_time, and the constraint state's advance and jumps (scheduler/constraints.py);
+- scheduler.scheduler (process) and scheduler/request_stats.py: output_ids, output_logprobs,
+  input_logprobs, finish_reason, admit/first/last token times, and the constraint state's advance
+  and jumps (scheduler/constraints.py);
 - the runner writes nothing: it reads a plan and returns a StepResult.
 """
 
@@ -74,7 +75,9 @@ class Req:
     output_logprobs: list[float] = field(default_factory=list)
     input_logprobs: list[tuple[float, int]] = field(default_factory=list)
     finish_reason: str | None = None
+    admit_time: float | None = None  # first admission (a retracted request keeps it)
     first_token_time: float | None = None
+    last_token_time: float | None = None
 
     @property
     def seq(self) -> list[int]:

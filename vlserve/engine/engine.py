@@ -21,6 +21,7 @@ from vlserve.core.request import Req, StepOutput
 from vlserve.engine.loop import EngineLoop, step
 from vlserve.engine.output import OutputAssembler
 from vlserve.engine.request_builder import RequestBuilder
+from vlserve.engine.stats_log import StatsLog
 from vlserve.memory.pools import KVMemory, KVShape, default_max_total_tokens
 from vlserve.metrics import Metrics
 from vlserve.model.attention import default_backend_name
@@ -42,7 +43,7 @@ class Engine:
         self.tokenizer = self.loaded.tokenizer
         if args.chat_template:
             self.tokenizer.chat_template = _read_template(args.chat_template)
-        self.metrics = Metrics()
+        self.metrics = Metrics(args.model_name(), args.metrics_names)
         self.memory = self._make_memory(device)
         self.context_len = self.memory.context_len
         self.runner = ModelRunner(self.loaded, self.memory, args.attention_backend or default_backend_name(),
@@ -55,7 +56,9 @@ class Engine:
             args.video_frames or DEFAULT_NUM_FRAMES, self.context_len, self.memory.allocator.capacity,
             ConstraintCompiler(self.tokenizer))
         self.media_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vlserve-media")
-        self.loop = EngineLoop(self.scheduler, self.runner)
+        self.stats_log = StatsLog(self.metrics, self.pool_state,
+                                  lambda: (len(self.scheduler.running), len(self.scheduler.waiting)), args.log_stats_interval)
+        self.loop = EngineLoop(self.scheduler, self.runner, after_step=self.stats_log.maybe_log)
         self.loop.start()
 
     def _make_memory(self, device: str) -> KVMemory:

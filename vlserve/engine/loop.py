@@ -31,8 +31,8 @@ def step(scheduler: Scheduler, runner: ModelRunner) -> None:
 
 
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner):
-        self.scheduler, self.runner = scheduler, runner
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, after_step: Callable[[], object] | None = None):
+        self.scheduler, self.runner, self.after_step = scheduler, runner, after_step
         self._inbox: queue.Queue[list[Req]] = queue.Queue()
         self._calls: queue.SimpleQueue[tuple[Callable, Future]] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -74,6 +74,8 @@ class EngineLoop:
                 step(self.scheduler, self.runner)
             except Exception as e:  # a bug in schedule/process: fail what is queued, keep the loop
                 self.scheduler.fail_all(e)
+            if self.after_step is not None:
+                self.after_step()
 
     def _run_calls(self) -> None:
         while not self._calls.empty():

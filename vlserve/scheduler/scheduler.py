@@ -27,6 +27,7 @@ from vlserve.scheduler.finish import FinishChecker
 from vlserve.scheduler.outputs import step_output
 from vlserve.scheduler.policy import SchedulePolicy
 from vlserve.scheduler.prefill import PrefillAdmission
+from vlserve.scheduler.request_stats import RequestStats
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 class Scheduler:
     def __init__(self, memory: KVMemory, cfg: SchedulerConfig, metrics: Metrics, finish: FinishChecker):
         self.cfg, self.metrics, self.finish_checker = cfg, metrics, finish
+        self.stats = RequestStats(metrics, cfg.log_requests)
         self.context_len = memory.context_len
         self.cm = CacheManager(memory, cfg.disable_radix_cache)
         self.policy = SchedulePolicy(cfg.schedule_policy, self.cm.cache, cfg.max_wait_steps)
@@ -76,9 +78,11 @@ class Scheduler:
                 budget -= n if n > 1 else 0
         if self.waiting and budget > 0:
             admitted = self.admission.admit(self.waiting, self.running, budget)
+            now = time.monotonic()
             for p in admitted:
                 self.waiting.remove(p.req)
                 self.running.append(p.req)
+                self.stats.admitted(p.req, now)
             plan += admitted
         for p in plan:
             self._decide_sampling(p)
@@ -174,10 +178,7 @@ class Scheduler:
     def _on_token(self, req: Req, sampled: SampledToken, now: float) -> None:
         req.output_ids.append(sampled.token)
         req.output_logprobs.append(sampled.logprob)
-        self.metrics.generation_tokens.inc()
-        if req.first_token_time is None:
-            req.first_token_time = now
-            self.metrics.ttft.observe(now - req.arrival_time)
+        self.stats.token(req, now)
         try:
             replace_from = self.constraints.after_token(req, sampled.token)
         except Exception as e:  # one request's constraint must not fail the others in the batch
@@ -201,8 +202,7 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.metrics.requests.labels(status="error" if error else ("abort" if reason == "abort" else "ok")).inc()
-        self.metrics.e2e.observe(time.monotonic() - req.arrival_time)
+        self.stats.finished(req, time.monotonic(), error)
         self._emit(req, finished=True, error=error, replace_from=replace_from)
 
     def _emit(self, req: Req, finished: bool, error: str | None = None, replace_from: int | None = None) -> None:

@@ -9,7 +9,7 @@ through loop.call_soon_threadsafe.
 import logging
 
 from fastapi import FastAPI, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from vlserve.server.admin_routes import admin_router
 from vlserve.server.auth import APIKeyMiddleware
@@ -39,7 +39,7 @@ def build_app(engine, args: ServerArgs) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(engine.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     # Middleware added last runs first: the API key is checked before the body is counted or read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_request_bytes)
