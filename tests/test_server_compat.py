@@ -95,17 +95,18 @@ def test_tokenize_shows_the_radix_key_and_detokenize_inverts_it(own_server):
 
 
 @pytest.mark.parametrize("field,value", [("tools", [{"type": "function", "function": {"name": "f"}}]),
-                                         ("logprobs", True), ("presence_penalty", 0.5), ("logit_bias", {"1": 5}),
-                                         ("no_such_field", 1)])
+                                         ("tool_choice", "auto"), ("logit_bias", {"1": 5}), ("no_such_field", 1)])
 def test_openai_fields_not_implemented_are_refused_by_name(http, field, value):
     r = http.post("/v1/chat/completions", json=CHAT | {field: value})
     assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
 
 
 def test_openai_neutral_values_of_unimplemented_fields_are_accepted(http):
-    r = http.post("/v1/chat/completions", json=CHAT | {"presence_penalty": 0, "frequency_penalty": 0.0,
-                                                       "logprobs": False, "tools": None, "user": "u-1"})
+    r = http.post("/v1/chat/completions", json=CHAT | {"logit_bias": {}, "tool_choice": "none", "tools": None,
+                                                       "user": "u-1"})
     assert r.status_code == 200, r.text
+    r = http.post("/v1/completions", json={"model": served_model(), "prompt": "a", "best_of": 3, "max_tokens": 1})
+    assert r.status_code == 400 and "best_of" in r.json()["error"]["message"]
 
 
 def test_openai_extra_sampling_fields_are_honoured(http):
@@ -128,3 +129,42 @@ def test_openai_unknown_model_is_404(http):
 def test_python_dash_m_vlserve():
     run = subprocess.run([sys.executable, "-m", "vlserve", "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "serve" in run.stdout
+
+
+def test_chat_logprobs_and_top_logprobs(http):
+    out = http.post("/v1/chat/completions", json=CHAT | {"logprobs": True, "top_logprobs": 3, "max_tokens": 5}).json()
+    content = out["choices"][0]["logprobs"]["content"]
+    assert len(content) == out["usage"]["completion_tokens"] == 5
+    for entry in content:
+        alts = [a["logprob"] for a in entry["top_logprobs"]]
+        assert len(alts) == 3 and alts == sorted(alts, reverse=True) and sum(2.718281828 ** a for a in alts) <= 1.0001
+        assert abs(alts[0] - entry["logprob"]) < 1e-5  # greedy: the chosen token is the likeliest
+        assert entry["bytes"] == list(entry["token"].encode())
+    assert "".join(e["token"] for e in content) == out["choices"][0]["message"]["content"]
+    plain = http.post("/v1/chat/completions", json=CHAT).json()
+    assert plain["choices"][0]["logprobs"] is None
+
+
+def test_completion_logprobs_with_echo(http):
+    prompt = "Once upon a time"
+    out = http.post("/v1/completions", json={"model": served_model(), "prompt": prompt, "max_tokens": 4,
+                                             "temperature": 0, "logprobs": 2, "echo": True}).json()
+    choice = out["choices"][0]
+    assert choice["text"].startswith(prompt)
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 4
+    assert lp["text_offset"][0] == len(prompt) and all(len(t) == 2 for t in lp["top_logprobs"])
+    assert prompt + "".join(lp["tokens"]) == choice["text"]
+
+
+def test_min_tokens_holds_back_a_stop_token_and_penalties_are_accepted(http):
+    base = {"model": served_model(), "prompt": "Once upon a time", "temperature": 0, "max_tokens": 6}
+    stop_id = http.post("/generate", json={"text": base["prompt"], "sampling_params": {
+        "max_new_tokens": 1, "temperature": 0}}).json()["output_ids"][0]  # the greedy first token
+    early = http.post("/v1/completions", json=base | {"stop_token_ids": [stop_id]}).json()
+    held = http.post("/v1/completions", json=base | {"stop_token_ids": [stop_id], "min_tokens": 3}).json()
+    assert early["usage"]["completion_tokens"] == 1 and early["choices"][0]["finish_reason"] == "stop"
+    assert held["usage"]["completion_tokens"] >= 3
+    penalised = http.post("/v1/completions", json=base | {"presence_penalty": 1.5, "frequency_penalty": 0.5,
+                                                           "repetition_penalty": 1.3})
+    assert penalised.status_code == 200, penalised.text

@@ -23,7 +23,7 @@ def test_generate_matches_the_offline_engine(server, http):
     assert out["text"] == offline["text"] and out["output_ids"] == offline["output_ids"]
     meta = out["meta_info"]
     assert meta["prompt_tokens"] >= 16 and meta["completion_tokens"] == len(out["output_ids"])
-    assert meta["finish_reason"] in ("stop", "length") and meta["cached_tokens"] >= 0
+    assert meta["finish_reason"]["type"] in ("stop", "length") and meta["cached_tokens"] >= 0
 
 
 def test_generate_stream_sends_cumulative_chunks(http):
@@ -87,7 +87,7 @@ def test_upload_raw_prompt_several_images_stop_and_stream(http):
                                                            "max_new_tokens": "3"}) as r:
         assert r.status_code == 200
         chunks = sse_payloads(r)
-    assert chunks[-1]["meta_info"]["finish_reason"] in ("stop", "length")
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] in ("stop", "length")
 
 
 def test_upload_video(http):
@@ -100,7 +100,7 @@ def test_upload_video(http):
 def test_constrained_generate_and_upload(server, http):
     out = http.post("/generate", json={"text": "Is it red?", "sampling_params": {"regex": "(yes|no)",
                                                                                "max_new_tokens": 8}}).json()
-    assert out["text"] in ("yes", "no") and out["meta_info"]["finish_reason"] == "stop"
+    assert out["text"] in ("yes", "no") and out["meta_info"]["finish_reason"]["type"] == "stop"
     up = http.post("/upload", files={"image": ("a.png", png(seed=4), "image/png")},
                    data={"prompt": "Is it red?", "regex": "(yes|no)", "max_new_tokens": "8"}).json()
     assert up["text"] in ("yes", "no")

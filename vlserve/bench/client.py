@@ -154,8 +154,10 @@ def _b64(data: bytes) -> str:
 
 def _answer(result: dict, latency: float) -> Answer:
     meta = result["meta_info"]
+    reason = meta.get("finish_reason")
+    reason = reason.get("type") if isinstance(reason, dict) else reason  # /generate sends SGLang's object
     return Answer(result["text"], meta["prompt_tokens"], meta["completion_tokens"], meta.get("cached_tokens", 0),
-                  meta.get("finish_reason"), latency)
+                  reason, latency)
 
 
 def _raise_for(resp) -> None:

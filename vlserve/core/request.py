@@ -46,6 +46,7 @@ class StepOutput:
     error: str | None = None
     meta: dict = field(default_factory=dict)
     replace_from: int | None = None  # jump-forward retokenised the output from this index on
+    new_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)  # per new id, if asked
 
 
 @dataclass(eq=False)
@@ -56,6 +57,7 @@ class Req:
     images: list[ImageSpan] = field(default_factory=list)
     return_logprob: bool = False
     logprob_start_len: int = -1
+    top_logprobs_num: int = 0  # alternatives reported per output token (with return_logprob)
     sink: Callable[[StepOutput], None] | None = None
     generator: torch.Generator | None = None
     constraint: Any = None  # vlserve.constrained.ConstraintState for regex / json_schema requests
@@ -73,8 +75,10 @@ class Req:
     # scheduler (process)
     output_ids: list[int] = field(default_factory=list)  # the one copy; the constraint keeps only states
     output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)  # per output token
     input_logprobs: list[tuple[float, int]] = field(default_factory=list)
     finish_reason: str | None = None
+    finish_matched: int | str | None = None  # the stop token id or stop string that ended it
     admit_time: float | None = None  # first admission (a retracted request keeps it)
     first_token_time: float | None = None
     last_token_time: float | None = None

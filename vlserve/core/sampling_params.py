@@ -15,6 +15,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1  # -1 = off
     min_p: float = 0.0
+    presence_penalty: float = 0.0  # subtracted once from every token already in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # divides positive (multiplies negative) logits of prompt and output tokens
+    min_new_tokens: int = 0  # EOS and stop_token_ids are masked, stop strings ignored, until this many
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -50,6 +54,13 @@ class SamplingParams:
         need(_is_int(self.top_k) and (self.top_k == -1 or 1 <= self.top_k < 2**31),
              f"top_k must be -1 or in [1, 2**31), got {self.top_k!r}")
         need(_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            need(_is_num(value) and -2 <= value <= 2, f"{name} must be in [-2, 2], got {value!r}")
+        need(_is_num(self.repetition_penalty) and 0 < self.repetition_penalty <= 2,
+             f"repetition_penalty must be in (0, 2], got {self.repetition_penalty!r}")
+        need(_is_int(self.min_new_tokens) and 0 <= self.min_new_tokens <= self.max_new_tokens,
+             f"min_new_tokens must be an integer in [0, max_new_tokens], got {self.min_new_tokens!r}")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
              "stop must be a string or a list of non-empty strings")
         need(isinstance(self.stop_token_ids, list) and all(_is_int(t) for t in self.stop_token_ids),
@@ -60,6 +71,10 @@ class SamplingParams:
              f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
         need(self.regex is None or isinstance(self.regex, str), "regex must be a string")
         need(not (self.regex and self.json_schema), "give either regex or json_schema, not both")
+
+    @property
+    def penalised(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
 
     @property
     def greedy(self) -> bool:

@@ -28,6 +28,7 @@ class PlannedExtend:
 class SampledToken:
     token: int
     logprob: float
+    top: list[tuple[float, int]] = field(default_factory=list)  # (logprob, id), best first, if asked
 
 
 @dataclass

@@ -46,9 +46,11 @@ class Engine:
         self.metrics = Metrics(args.model_name(), args.metrics_names)
         self.memory = self._make_memory(device)
         self.context_len = self.memory.context_len
+        eos = self._eos_token_ids()
         self.runner = ModelRunner(self.loaded, self.memory, args.attention_backend or default_backend_name(),
-                                  self.metrics, args.vision_cache_mb, device)
-        self.scheduler = Scheduler(self.memory, pick(SchedulerConfig, args), self.metrics, self._finish_checker())
+                                  self.metrics, args.vision_cache_mb, device, eos)
+        self.scheduler = Scheduler(self.memory, pick(SchedulerConfig, args), self.metrics,
+                                   FinishChecker(self.tokenizer, eos))
         self.builder = RequestBuilder(
             self.tokenizer, self.loaded.config, ImageProcessing.from_hf_config(self.loaded.processor_config),
             MediaLimits(max_images_per_request=args.max_images_per_request, allow_url_fetch=args.allow_url_fetch,
@@ -69,10 +71,9 @@ class Engine:
         return KVMemory.create(shape, pick(MemoryConfig, self.args, max_total_tokens=total, context_length=context),
                                device)
 
-    def _finish_checker(self) -> FinishChecker:
-        eos = self.loaded.config.text.eos_token_ids or (
+    def _eos_token_ids(self) -> tuple[int, ...]:
+        return self.loaded.config.text.eos_token_ids or (
             (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
-        return FinishChecker(self.tokenizer, eos)
 
     # ---- requests in --------------------------------------------------------------------------
     def make_request(self, **kwargs) -> Req:
@@ -209,7 +210,8 @@ def _collecting_sink(outputs: list[StepOutput], done: threading.Event):
 
 def _final_chunk(assembler: OutputAssembler, outputs: list[StepOutput]) -> dict:
     for out in outputs[:-1]:
-        assembler.update(StepOutput(out.rid, out.new_ids, out.new_logprobs, False, replace_from=out.replace_from))
+        assembler.update(StepOutput(out.rid, out.new_ids, out.new_logprobs, False, replace_from=out.replace_from,
+                                    new_top_logprobs=out.new_top_logprobs))
     chunk = assembler.update(outputs[-1])
     chunk.pop("delta", None)
     chunk.pop("finished", None)

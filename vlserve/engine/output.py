@@ -13,6 +13,7 @@ class OutputAssembler:
     return_logprob: bool = False
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     sent_text: str = ""
 
     def update(self, out: StepOutput) -> dict:
@@ -20,8 +21,10 @@ class OutputAssembler:
         if out.replace_from is not None:
             del self.ids[out.replace_from:]
             del self.logprobs[out.replace_from:]
+            del self.top_logprobs[out.replace_from:]
         self.ids.extend(out.new_ids)
         self.logprobs.extend(out.new_logprobs)
+        self.top_logprobs.extend(out.new_top_logprobs or [[] for _ in out.new_ids])
         text = self._text(final=out.finished)
         # Jump-forward retokenisation can rewrite tokens but never the text already sent.
         delta = text[len(self.sent_text):] if text.startswith(self.sent_text) else ""
@@ -29,6 +32,8 @@ class OutputAssembler:
         meta = dict(out.meta)
         if self.return_logprob:
             meta["output_token_logprobs"] = list(zip(self.logprobs, self.ids))
+            if any(self.top_logprobs):
+                meta["output_top_logprobs"] = [list(top) for top in self.top_logprobs]
         chunk = {"text": self.sent_text, "delta": delta, "output_ids": list(self.ids), "finished": out.finished,
                  "meta_info": meta}
         if out.error:

@@ -18,6 +18,9 @@ from vlserve.model.config import ModelConfig
 from vlserve.preprocess import ImageProcessing, MediaLimits, check_image_count, prepare_image, prepare_video
 
 
+MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
+
+
 @dataclass
 class RequestBuilder:
     tokenizer: object
@@ -33,7 +36,7 @@ class RequestBuilder:
               image_data: list | None = None, video_data: list | None = None,
               sampling_params: dict | SamplingParams | None = None, return_logprob: bool = False,
               logprob_start_len: int = -1, rid: str | None = None, video_num_frames: int | None = None,
-              video_fps: float | None = None, fit_max_new_tokens: bool = False) -> Req:
+              video_fps: float | None = None, fit_max_new_tokens: bool = False, top_logprobs_num: int = 0) -> Req:
         """fit_max_new_tokens: lower max_new_tokens to what fits the context and the KV pool (a
         default the client did not ask for) instead of refusing the request."""
         params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams.from_dict(sampling_params)
@@ -41,7 +44,9 @@ class RequestBuilder:
         if fit_max_new_tokens:
             params.max_new_tokens = min(params.max_new_tokens, self._room_to_generate(len(ids)))
         self._check_length(len(ids), params)
-        req = Req(rid or uuid.uuid4().hex, ids, params, spans, return_logprob, logprob_start_len)
+        if not (isinstance(top_logprobs_num, int) and 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS):
+            raise InvalidRequest(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num!r}")
+        req = Req(rid or uuid.uuid4().hex, ids, params, spans, return_logprob, logprob_start_len, top_logprobs_num)
         if params.seed is not None:
             req.generator = torch.Generator().manual_seed(params.seed)
         if params.regex is not None or params.json_schema is not None:

@@ -19,8 +19,9 @@ _MODE_LABEL = {ForwardMode.EXTEND: "prefill", ForwardMode.DECODE: "decode"}
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, memory: KVMemory, attention_backend: str, metrics: Metrics,
-                 vision_cache_mb: float, device: str = "cpu"):
+                 vision_cache_mb: float, device: str = "cpu", eos_token_ids: tuple[int, ...] = ()):
         self.loaded, self.model, self.memory, self.device = loaded, loaded.model, memory, device
+        self.eos_token_ids = eos_token_ids
         self.vocab_size = loaded.config.text.vocab_size
         self.attention = AttentionBackend(attention_backend)
         self.metrics = metrics
@@ -39,7 +40,8 @@ class ModelRunner:
         chosen = [i for i, p in enumerate(plan) if p.sample]
         sampled, errors = [None] * len(plan), [None] * len(plan)
         if chosen:
-            tokens, failures = sample_requests(logits[[layout.last(i) for i in chosen]], [plan[i].req for i in chosen])
+            tokens, failures = sample_requests(logits[[layout.last(i) for i in chosen]], [plan[i].req for i in chosen],
+                                               self.eos_token_ids)
             for i, tok, err in zip(chosen, tokens, failures):
                 sampled[i], errors[i] = tok, err
         return StepResult(plan, batch.mode, sampled, errors, input_logprobs)

@@ -8,31 +8,50 @@ import torch
 from vlserve.constrained import apply_constraint_masks
 from vlserve.core.request import Req
 from vlserve.core.step import SampledToken
+from vlserve.sampling.penalties import apply_penalties, mask_early_stops
 from vlserve.sampling.sampler import sample
 
 log = logging.getLogger(__name__)
 
 
-def sample_requests(logits: torch.Tensor, reqs: list[Req]) -> tuple[list[SampledToken | None], list[str | None]]:
+def sample_requests(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...] = ()
+                    ) -> tuple[list[SampledToken | None], list[str | None]]:
     """logits: [len(reqs), V], one row per request. Returns (tokens, errors), one of each per request."""
     try:
-        return _sample(logits, reqs), [None] * len(reqs)
+        return _sample(logits.clone(), reqs, eos_token_ids), [None] * len(reqs)
     except Exception:
-        return _sample_each(logits, reqs)
+        return _sample_each(logits, reqs, eos_token_ids)
 
 
-def _sample(logits: torch.Tensor, reqs: list[Req]) -> list[SampledToken]:
+def _sample(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...]) -> list[SampledToken]:
+    """Penalties → min_new_tokens → constraint masks → sample (logits is this call's own copy)."""
+    params = [r.sampling for r in reqs]
+    apply_penalties(logits, params, [r.input_ids for r in reqs], [r.output_ids for r in reqs])
+    mask_early_stops(logits, params, [r.output_ids for r in reqs], eos_token_ids)
     if any(r.constraint is not None for r in reqs):
         apply_constraint_masks(logits, [r.constraint for r in reqs])
-    ids, logprobs = sample(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
-    return [SampledToken(t, lp) for t, lp in zip(ids.tolist(), logprobs.tolist())]
+    ids, logprobs = sample(logits, params, [r.generator for r in reqs])
+    tops = _top_logprobs(logits, [r.top_logprobs_num if r.return_logprob else 0 for r in reqs])
+    return [SampledToken(t, lp, top) for t, lp, top in zip(ids.tolist(), logprobs.tolist(), tops)]
 
 
-def _sample_each(logits: torch.Tensor, reqs: list[Req]) -> tuple[list[SampledToken | None], list[str | None]]:
+def _top_logprobs(logits: torch.Tensor, nums: list[int]) -> list[list[tuple[float, int]]]:
+    out = [[] for _ in nums]
+    rows = [i for i, k in enumerate(nums) if k > 0]
+    if rows:
+        k = max(nums[i] for i in rows)
+        values, ids = torch.log_softmax(logits[rows], dim=-1).topk(k, dim=-1)
+        for j, i in enumerate(rows):
+            out[i] = list(zip(values[j, :nums[i]].tolist(), ids[j, :nums[i]].tolist()))
+    return out
+
+
+def _sample_each(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...]
+                 ) -> tuple[list[SampledToken | None], list[str | None]]:
     tokens, errors = [], []
     for i, req in enumerate(reqs):
         try:
-            tokens.append(_sample(logits[i:i + 1], [req])[0])
+            tokens.append(_sample(logits[i:i + 1].clone(), [req], eos_token_ids)[0])
             errors.append(None)
         except Exception as e:
             log.exception("sampling failed for request %s", req.rid)

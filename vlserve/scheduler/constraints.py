@@ -53,5 +53,7 @@ class ConstraintHooks:
         new_ids = jump.new_output_ids[:max(room, jump.keep_len)]
         self.cm.rewind(req, min(req.kv_len, len(req.input_ids) + jump.keep_len))
         req.constraint.replace_tail(jump.keep_len, new_ids[jump.keep_len:])
-        req.output_logprobs = req.output_logprobs[:jump.keep_len] + [FORCED_LOGPROB] * (len(new_ids) - jump.keep_len)
+        forced = len(new_ids) - jump.keep_len
+        req.output_logprobs = req.output_logprobs[:jump.keep_len] + [FORCED_LOGPROB] * forced
+        req.output_top_logprobs = req.output_top_logprobs[:jump.keep_len] + [[] for _ in range(forced)]
         req.output_ids = list(new_ids)

@@ -8,21 +8,24 @@ class FinishChecker:
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
 
-    def check(self, req: Req, context_len: int) -> str | None:
+    def check(self, req: Req, context_len: int) -> tuple[str, int | str | None] | None:
+        """(reason, what matched: the stop token id or stop string, else None), or None to go on."""
         tok = req.output_ids[-1]
         p = req.sampling
-        if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
-            return "stop"
+        early = len(req.output_ids) < p.min_new_tokens  # stops do not count yet (EOS was masked)
+        if not early and ((tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids):
+            return "stop", tok
         if req.constraint is not None and req.constraint.is_terminated():
-            return "stop"
-        if p.stop and self._hits_stop_string(req):
-            return "stop"
+            return "stop", None
+        matched = self._stop_string(req) if not early and p.stop else None
+        if matched is not None:
+            return "stop", matched
         if len(req.output_ids) >= p.max_new_tokens or req.seq_len >= context_len:
-            return "length"
+            return "length", None
         return None
 
-    def _hits_stop_string(self, req: Req) -> bool:
+    def _stop_string(self, req: Req) -> str | None:
         # A stop string can straddle tokens: decode a tail long enough to hold the longest one.
         tail = max(len(s) for s in req.sampling.stop) + 2
         text = self.tokenizer.decode(req.output_ids[-tail:], skip_special_tokens=False)
-        return any(s in text for s in req.sampling.stop)
+        return next((s for s in req.sampling.stop if s in text), None)

@@ -178,6 +178,7 @@ class Scheduler:
     def _on_token(self, req: Req, sampled: SampledToken, now: float) -> None:
         req.output_ids.append(sampled.token)
         req.output_logprobs.append(sampled.logprob)
+        req.output_top_logprobs.append(sampled.top)
         self.stats.token(req, now)
         try:
             replace_from = self.constraints.after_token(req, sampled.token)
@@ -188,9 +189,10 @@ class Scheduler:
         self._after_output_changed(req, replace_from)
 
     def _after_output_changed(self, req: Req, replace_from: int | None) -> None:
-        reason = self.finish_checker.check(req, self.context_len)
-        if reason:
-            self._finish(req, reason, replace_from=replace_from)
+        finish = self.finish_checker.check(req, self.context_len)
+        if finish:
+            req.finish_matched = finish[1]
+            self._finish(req, finish[0], replace_from=replace_from)
         else:
             self._emit(req, finished=False, replace_from=replace_from)
 

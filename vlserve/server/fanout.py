@@ -22,8 +22,8 @@ async def generate_all(engine, kwargs_list: list[dict]) -> list[dict]:
 
 async def open_streams(engine, kwargs_list: list[dict]) -> "MergedStream":
     """Submits every request, then returns their chunks merged. Raises (aborting all) if any is refused."""
-    rids = [uuid.uuid4().hex for _ in kwargs_list]
-    tasks = [asyncio.ensure_future(engine.async_generate(stream=True, rid=rid, **kw))
+    rids = [kw.get("rid") or uuid.uuid4().hex for kw in kwargs_list]
+    tasks = [asyncio.ensure_future(engine.async_generate(**{**kw, "stream": True, "rid": rid}))
              for rid, kw in zip(rids, kwargs_list)]
     try:
         streams = await asyncio.gather(*tasks)

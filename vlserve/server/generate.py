@@ -30,6 +30,8 @@ class GenerateRequest(BaseModel):
     stream: bool = False
     return_logprob: bool = False
     logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    rid: str | list[str] | None = None
     video_num_frames: int | None = None
     video_fps: float | None = None
 
@@ -56,7 +58,22 @@ def generate_router(engine) -> APIRouter:
 
 
 def native_result(chunk: dict) -> dict:
-    return {"text": chunk["text"], "output_ids": chunk["output_ids"], "meta_info": chunk["meta_info"]}
+    """SGLang's /generate answer: meta_info.finish_reason is an object, {"type": "stop", "matched":
+    token id | stop string | null}, {"type": "length", "length": N} or {"type": "abort", "message"}."""
+    meta = dict(chunk["meta_info"])
+    meta["finish_reason"] = _finish_object(meta.pop("finish_reason", None), meta.pop("matched_stop", None),
+                                           meta.get("completion_tokens", 0), chunk.get("error"))
+    return {"text": chunk["text"], "output_ids": chunk["output_ids"], "meta_info": meta}
+
+
+def _finish_object(reason: str | None, matched, completion_tokens: int, error: str | None) -> dict | None:
+    if reason == "stop":
+        return {"type": "stop", "matched": matched}
+    if reason == "length":
+        return {"type": "length", "length": completion_tokens}
+    if reason in ("abort", "error"):
+        return {"type": "abort", "message": error or "the request was aborted"}
+    return None
 
 
 async def native_events(merged: MergedStream):
@@ -85,7 +102,8 @@ def _jobs(body: GenerateRequest) -> tuple[list[dict], bool]:
     jobs = []
     for i, prompt in enumerate(prompts):
         params = _pick_params(body.sampling_params, i, batch)
-        jobs.append({key: prompt, "image_data": _pick_media(body.image_data, i, batch, "image_data"),
+        rid = body.rid[i] if isinstance(body.rid, list) and i < len(body.rid) else body.rid if not batch else None
+        jobs.append({key: prompt, "rid": rid, "image_data": _pick_media(body.image_data, i, batch, "image_data"),
                      "video_data": _pick_media(body.video_data, i, batch, "video_data"),
                      "sampling_params": params, "fit_max_new_tokens": "max_new_tokens" not in params,
                      **_request_extras(body)})
@@ -94,7 +112,8 @@ def _jobs(body: GenerateRequest) -> tuple[list[dict], bool]:
 
 def _request_extras(body: GenerateRequest) -> dict:
     extras = {"return_logprob": body.return_logprob, "logprob_start_len": body.logprob_start_len,
-              "video_num_frames": body.video_num_frames, "video_fps": body.video_fps}
+              "top_logprobs_num": body.top_logprobs_num, "video_num_frames": body.video_num_frames,
+              "video_fps": body.video_fps}
     return {k: v for k, v in extras.items() if v is not None}
 
 

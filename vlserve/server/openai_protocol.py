@@ -61,9 +61,7 @@ class ResponseFormat(BaseModel):
 
 # Documented OpenAI fields vlserve does not implement yet, with the value that means "off": a request
 # that sends anything else gets a 400 naming the field.
-UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "frequency_penalty": (None, 0),
-               "presence_penalty": (None, 0), "repetition_penalty": (None, 1), "logit_bias": (None, {}),
-               "min_tokens": (None, 0), "echo": (None, False), "best_of": (None, 1), "suffix": (None,),
+UNSUPPORTED = {"logit_bias": (None, {}), "suffix": (None,),
                "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None,),
                "functions": (None, []), "function_call": (None, "none"), "modalities": (None, ["text"]),
                "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
@@ -94,14 +92,12 @@ class SamplingFields(BaseModel):
     regex: str | None = None
     json_schema: str | dict | None = None
     skip_special_tokens: bool | None = None
-    # documented but refused unless "off" (UNSUPPORTED)
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
-    logit_bias: dict | None = None
     min_tokens: int | None = None
+    # documented but refused unless "off" (UNSUPPORTED)
+    logit_bias: dict | None = None
     tools: list | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
@@ -117,11 +113,14 @@ class SamplingFields(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)  # alternatives per token (0 = the chosen only)
+    echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
 

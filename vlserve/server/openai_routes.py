@@ -11,7 +11,8 @@ from vlserve.server.errors import APIError, ErrorMappingRoute, error_body
 from vlserve.server.fanout import MergedStream, generate_all, open_streams
 from vlserve.server.openai_protocol import (ChatCompletionRequest, CompletionRequest, envelope, finish_reason,
                                             new_id, usage_of)
-from vlserve.server.sampling import openai_sampling, per_choice
+from vlserve.server.openai_logprobs import logprobs_of
+from vlserve.server.sampling import openai_logprob_request, openai_sampling, per_choice
 from vlserve.server.sse import DONE, SSEResponse, event
 
 MAX_PROMPTS = 64  # prompts in one /v1/completions batch
@@ -20,8 +21,11 @@ MAX_CHOICES = 64  # prompts x n: engine requests made for one HTTP request
 
 @dataclass(frozen=True)
 class ChoiceFormat:
-    """How one choice's text appears: chat messages / deltas, or completion text."""
+    """How one choice's text appears: chat messages / deltas, or completion text (echo: prompt first)."""
     chat: bool
+    tokenizer: object = None
+    echo: tuple[str, ...] = ()  # per prompt, with echo on a completion
+    n: int = 1
 
     @property
     def object_type(self) -> str:
@@ -31,16 +35,21 @@ class ChoiceFormat:
     def chunk_type(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
-    def final(self, index: int, result: dict) -> dict:
-        body = {"message": {"role": "assistant", "content": result["text"]}} if self.chat else {"text": result["text"]}
-        return {"index": index, **body, "logprobs": None, "finish_reason": finish_reason(result["meta_info"])}
+    def prefix(self, index: int) -> str:
+        return self.echo[index // self.n] if self.echo else ""
 
-    def delta(self, index: int, text: str, reason: str | None, role: bool = False) -> dict:
+    def final(self, index: int, result: dict) -> dict:
+        text = self.prefix(index) + result["text"]
+        body = {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+        logprobs = logprobs_of(self.tokenizer, result["meta_info"], self.chat, text_offset=len(self.prefix(index)))
+        return {"index": index, **body, "logprobs": logprobs, "finish_reason": finish_reason(result["meta_info"])}
+
+    def delta(self, index: int, text: str, reason: str | None, role: bool = False, logprobs: dict | None = None) -> dict:
         if self.chat:
             body = {"delta": ({"role": "assistant"} if role else {}) | ({"content": text} if text or role else {})}
         else:
             body = {"text": text}
-        return {"index": index, **body, "logprobs": None, "finish_reason": reason}
+        return {"index": index, **body, "logprobs": logprobs, "finish_reason": reason}
 
 
 def openai_router(engine, model_name: str) -> APIRouter:
@@ -62,9 +71,10 @@ def openai_router(engine, model_name: str) -> APIRouter:
         prompt = build_chat_prompt(engine.tokenizer, body.messages)
         params, fit = openai_sampling(body)
         base = {"prompt": prompt.text, "image_data": prompt.images or None, "video_data": prompt.videos or None,
-                "fit_max_new_tokens": fit}
+                "fit_max_new_tokens": fit, **openai_logprob_request(body)}
         jobs = [{**base, "sampling_params": p} for p in per_choice(params, body.n)]
-        return await _respond(engine, request, body, jobs, ChoiceFormat(chat=True), model_name, prompts=1)
+        fmt = ChoiceFormat(chat=True, tokenizer=engine.tokenizer, n=body.n)
+        return await _respond(engine, request, body, jobs, fmt, model_name, prompts=1)
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -74,9 +84,11 @@ def openai_router(engine, model_name: str) -> APIRouter:
         if len(prompts) * body.n > MAX_CHOICES:
             raise APIError(400, f"{len(prompts)} prompts x n={body.n} is over the limit of {MAX_CHOICES} choices",
                            param="n")
-        jobs = [{**prompt, "sampling_params": p, "fit_max_new_tokens": fit}
+        jobs = [{**prompt, "sampling_params": p, "fit_max_new_tokens": fit, **openai_logprob_request(body)}
                 for prompt in prompts for p in per_choice(params, body.n)]
-        return await _respond(engine, request, body, jobs, ChoiceFormat(chat=False), model_name, prompts=len(prompts))
+        echo = tuple(_prompt_text(engine.tokenizer, p) for p in prompts) if body.echo else ()
+        fmt = ChoiceFormat(chat=False, tokenizer=engine.tokenizer, echo=echo, n=body.n)
+        return await _respond(engine, request, body, jobs, fmt, model_name, prompts=len(prompts))
 
     return router
 
@@ -99,9 +111,13 @@ async def _events(merged: MergedStream, fmt: ChoiceFormat, rid: str, model: str,
                   include_usage: bool):
     extra = {"usage": None} if include_usage else {}
     finals: list[dict | None] = [None] * total
+    sent = [0] * total  # output tokens whose logprobs were sent, per choice
     try:
         if fmt.chat:
             yield event(envelope(fmt.chunk_type, rid, model, [fmt.delta(i, "", None, role=True) for i in range(total)],
+                                 **extra))
+        elif fmt.echo:
+            yield event(envelope(fmt.chunk_type, rid, model, [fmt.delta(i, fmt.prefix(i), None) for i in range(total)],
                                  **extra))
         async for index, chunk in merged:
             if chunk.get("error"):
@@ -109,7 +125,10 @@ async def _events(merged: MergedStream, fmt: ChoiceFormat, rid: str, model: str,
                 break
             reason = finish_reason(chunk["meta_info"]) if chunk["finished"] else None
             if chunk["delta"] or reason:
-                yield event(envelope(fmt.chunk_type, rid, model, [fmt.delta(index, chunk["delta"], reason)], **extra))
+                logprobs = logprobs_of(fmt.tokenizer, chunk["meta_info"], fmt.chat, start=sent[index])
+                sent[index] = len(chunk["output_ids"])
+                yield event(envelope(fmt.chunk_type, rid, model, [fmt.delta(index, chunk["delta"], reason,
+                                                                             logprobs=logprobs)], **extra))
             if chunk["finished"]:
                 finals[index] = chunk
         else:
@@ -118,6 +137,10 @@ async def _events(merged: MergedStream, fmt: ChoiceFormat, rid: str, model: str,
         yield DONE
     finally:
         await merged.aclose()
+
+
+def _prompt_text(tokenizer, prompt: dict) -> str:
+    return prompt["prompt"] if "prompt" in prompt else tokenizer.decode(prompt["input_ids"])
 
 
 def _completion_prompts(prompt) -> list[dict]:

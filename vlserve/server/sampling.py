@@ -8,21 +8,36 @@ from vlserve.server.openai_protocol import UNSUPPORTED, ChatCompletionRequest, C
 # max_tokens absent: what is left of the context (as vLLM does) — the engine lowers this to the room
 # the prompt leaves (fit_max_new_tokens)
 UP_TO_THE_CONTEXT = 1 << 30
-EXTRA_FIELDS = ("top_k", "min_p", "ignore_eos", "stop_token_ids", "regex", "json_schema", "skip_special_tokens")
+EXTRA_FIELDS = ("top_k", "min_p", "ignore_eos", "stop_token_ids", "regex", "json_schema", "skip_special_tokens",
+                "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 def openai_sampling(body: ChatCompletionRequest | CompletionRequest) -> tuple[dict, bool]:
     """(sampling_params, fit_max_new_tokens). Refuses documented fields vlserve does not implement."""
     refuse_unsupported(body)
     max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    if getattr(body, "best_of", None) not in (None, body.n):
+        raise APIError(400, f"best_of {body.best_of} is not supported: vlserve returns all n choices it samples",
+                       param="best_of", code="unsupported_parameter")
     params = {"max_new_tokens": max_tokens or UP_TO_THE_CONTEXT, "stop": body.stop, "seed": body.seed,
-              "temperature": body.temperature, "top_p": body.top_p, **{k: getattr(body, k) for k in EXTRA_FIELDS}}
+              "temperature": body.temperature, "top_p": body.top_p, "min_new_tokens": body.min_tokens,
+              **{k: getattr(body, k) for k in EXTRA_FIELDS}}
     schema = _schema_of(body.response_format)
     if schema is not None:
         if body.json_schema is not None or body.regex is not None:
             raise APIError(400, "give response_format or json_schema/regex, not both", param="response_format")
         params["json_schema"] = schema
     return {k: v for k, v in params.items() if v is not None}, max_tokens is None
+
+
+def openai_logprob_request(body) -> dict:
+    """The engine request fields for the logprobs a chat (logprobs, top_logprobs) or completion
+    (logprobs = number of alternatives) request asks for."""
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return {"return_logprob": True, "top_logprobs_num": body.top_logprobs or 0} if body.logprobs else {}
+    return {"return_logprob": True, "top_logprobs_num": body.logprobs} if body.logprobs is not None else {}
 
 
 def refuse_unsupported(body) -> None:
