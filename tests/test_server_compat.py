@@ -95,14 +95,14 @@ def test_tokenize_shows_the_radix_key_and_detokenize_inverts_it(own_server):
 
 
 @pytest.mark.parametrize("field,value", [("tools", [{"type": "function", "function": {"name": "f"}}]),
-                                         ("tool_choice", "auto"), ("logit_bias", {"1": 5}), ("no_such_field", 1)])
+                                         ("tool_choice", "auto"), ("suffix", "!"), ("no_such_field", 1)])
 def test_openai_fields_not_implemented_are_refused_by_name(http, field, value):
     r = http.post("/v1/chat/completions", json=CHAT | {field: value})
     assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
 
 
 def test_openai_neutral_values_of_unimplemented_fields_are_accepted(http):
-    r = http.post("/v1/chat/completions", json=CHAT | {"logit_bias": {}, "tool_choice": "none", "tools": None,
+    r = http.post("/v1/chat/completions", json=CHAT | {"parallel_tool_calls": None, "tool_choice": "none", "tools": None,
                                                        "user": "u-1"})
     assert r.status_code == 200, r.text
     r = http.post("/v1/completions", json={"model": served_model(), "prompt": "a", "best_of": 3, "max_tokens": 1})
@@ -168,3 +168,29 @@ def test_min_tokens_holds_back_a_stop_token_and_penalties_are_accepted(http):
     penalised = http.post("/v1/completions", json=base | {"presence_penalty": 1.5, "frequency_penalty": 0.5,
                                                            "repetition_penalty": 1.3})
     assert penalised.status_code == 200, penalised.text
+
+
+def test_logit_bias_forces_a_token(http):
+    body = {"model": served_model(), "prompt": "Once upon a time", "max_tokens": 3, "temperature": 0,
+            "logprobs": 0}
+    ids = lambda r: [t for t in http.post("/tokenize", json={"prompt": r["choices"][0]["text"],
+                                                             "add_special_tokens": False}).json()["tokens"]]
+    forced = http.post("/v1/completions", json=body | {"logit_bias": {"40": 100}}).json()
+    assert ids(forced) == [40, 40, 40]
+    assert http.post("/v1/completions", json=body | {"logit_bias": {"x": 1}}).status_code == 400
+
+
+def test_generate_answers_in_sglang_shapes_field_by_field(http):
+    out = http.post("/generate", json={"text": "Hello", "rid": "my-request", "return_logprob": True,
+                                       "top_logprobs_num": 2, "sampling_params": {"max_new_tokens": 3,
+                                                                                  "temperature": 0}}).json()
+    assert set(out) == {"text", "output_ids", "meta_info"}
+    meta = out["meta_info"]
+    assert meta["id"] == "my-request" and meta["finish_reason"] == {"type": "length", "length": 3}
+    assert meta["prompt_tokens"] > 0 and meta["completion_tokens"] == 3 and meta["cached_tokens"] >= 0
+    assert meta["e2e_latency"] > 0
+    assert [i for _, i in meta["output_token_logprobs"]] == out["output_ids"]
+    assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+    stop = http.post("/generate", json={"text": "Hello", "sampling_params": {
+        "max_new_tokens": 3, "temperature": 0, "stop_token_ids": out["output_ids"][:1]}}).json()
+    assert stop["meta_info"]["finish_reason"] == {"type": "stop", "matched": out["output_ids"][0]}

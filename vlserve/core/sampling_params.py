@@ -19,6 +19,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output
     repetition_penalty: float = 1.0  # divides positive (multiplies negative) logits of prompt and output tokens
     min_new_tokens: int = 0  # EOS and stop_token_ids are masked, stop strings ignored, until this many
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id → added to its logit (OpenAI's)
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -61,6 +62,13 @@ class SamplingParams:
              f"repetition_penalty must be in (0, 2], got {self.repetition_penalty!r}")
         need(_is_int(self.min_new_tokens) and 0 <= self.min_new_tokens <= self.max_new_tokens,
              f"min_new_tokens must be an integer in [0, max_new_tokens], got {self.min_new_tokens!r}")
+        need(isinstance(self.logit_bias, dict) and all(_is_num(b) and -100 <= b <= 100 for b in self.logit_bias.values()),
+             "logit_bias must map token ids to numbers in [-100, 100]")
+        try:
+            self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
+        except ValueError:
+            raise InvalidRequest("logit_bias keys must be token ids") from None
+        need(all(t >= 0 for t in self.logit_bias), "logit_bias keys must be token ids >= 0")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
              "stop must be a string or a list of non-empty strings")
         need(isinstance(self.stop_token_ids, list) and all(_is_int(t) for t in self.stop_token_ids),

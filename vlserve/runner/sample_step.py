@@ -8,7 +8,7 @@ import torch
 from vlserve.constrained import apply_constraint_masks
 from vlserve.core.request import Req
 from vlserve.core.step import SampledToken
-from vlserve.sampling.penalties import apply_penalties, mask_early_stops
+from vlserve.sampling.penalties import apply_logit_bias, apply_penalties, mask_early_stops
 from vlserve.sampling.sampler import sample
 
 log = logging.getLogger(__name__)
@@ -24,9 +24,10 @@ def sample_requests(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[
 
 
 def _sample(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...]) -> list[SampledToken]:
-    """Penalties → min_new_tokens → constraint masks → sample (logits is this call's own copy)."""
+    """Penalties, logit bias → min_new_tokens → constraint masks → sample (logits is this call's own copy)."""
     params = [r.sampling for r in reqs]
     apply_penalties(logits, params, [r.input_ids for r in reqs], [r.output_ids for r in reqs])
+    apply_logit_bias(logits, params)
     mask_early_stops(logits, params, [r.output_ids for r in reqs], eos_token_ids)
     if any(r.constraint is not None for r in reqs):
         apply_constraint_masks(logits, [r.constraint for r in reqs])

@@ -30,6 +30,15 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], prompts:
     logits[rows] = sub
 
 
+def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None:
+    """Adds each request's logit_bias (ids past the vocabulary are ignored)."""
+    vocab = logits.shape[1]
+    for i, p in enumerate(params):
+        for token, bias in p.logit_bias.items():
+            if token < vocab:
+                logits[i, token] += bias
+
+
 def mask_early_stops(logits: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]],
                      eos_token_ids: tuple[int, ...]) -> None:
     """Rows still short of min_new_tokens cannot pick EOS (unless ignore_eos) or a stop token id."""

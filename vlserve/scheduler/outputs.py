@@ -10,7 +10,7 @@ def step_output(req: Req, finished: bool, error: str | None = None, replace_from
     new_ids, new_lps, new_tops = req.output_ids[start:], req.output_logprobs[start:], req.output_top_logprobs[start:]
     if finished and req.finish_reason in ("abort", "error") or (finished and not req.output_ids):
         new_ids, new_lps, new_tops = [], [], []
-    meta = {"prompt_tokens": len(req.input_ids), "completion_tokens": len(req.output_ids),
+    meta = {"id": req.rid, "prompt_tokens": len(req.input_ids), "completion_tokens": len(req.output_ids),
             "cached_tokens": max(0, req.cached_tokens), "finish_reason": req.finish_reason}
     if finished:
         meta["e2e_latency"] = time.monotonic() - req.arrival_time

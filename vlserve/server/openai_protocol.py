@@ -61,7 +61,7 @@ class ResponseFormat(BaseModel):
 
 # Documented OpenAI fields vlserve does not implement yet, with the value that means "off": a request
 # that sends anything else gets a 400 naming the field.
-UNSUPPORTED = {"logit_bias": (None, {}), "suffix": (None,),
+UNSUPPORTED = {"suffix": (None,),
                "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None,),
                "functions": (None, []), "function_call": (None, "none"), "modalities": (None, ["text"]),
                "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
@@ -96,8 +96,8 @@ class SamplingFields(BaseModel):
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     min_tokens: int | None = None
+    logit_bias: dict[str, float] | None = None
     # documented but refused unless "off" (UNSUPPORTED)
-    logit_bias: dict | None = None
     tools: list | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None

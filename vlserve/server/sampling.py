@@ -9,7 +9,7 @@ from vlserve.server.openai_protocol import UNSUPPORTED, ChatCompletionRequest, C
 # the prompt leaves (fit_max_new_tokens)
 UP_TO_THE_CONTEXT = 1 << 30
 EXTRA_FIELDS = ("top_k", "min_p", "ignore_eos", "stop_token_ids", "regex", "json_schema", "skip_special_tokens",
-                "presence_penalty", "frequency_penalty", "repetition_penalty")
+                "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")
 
 
 def openai_sampling(body: ChatCompletionRequest | CompletionRequest) -> tuple[dict, bool]:
