@@ -13,7 +13,7 @@ class MediaItem:
     num_frames: int | None = None  # videos only
 
     def data_uri(self) -> str:
-        mime = "video/mp4" if self.kind == "video" else _image_mime(self.data)
+        mime = _video_mime(self.data) if self.kind == "video" else _image_mime(self.data)
         return f"data:{mime};base64,{base64.b64encode(self.data).decode()}"
 
 
@@ -51,3 +51,7 @@ def _image_mime(data: bytes) -> str:
     if data[:3] == b"GIF":
         return "image/gif"
     return "application/octet-stream"
+
+
+def _video_mime(data: bytes) -> str:
+    return "video/x-matroska" if data.startswith(b"\x1a\x45\xdf\xa3") else "video/mp4"

@@ -1,0 +1,64 @@
+"""Shared by tests/test_lang_*.py: a fresh server on the built-in model, a recording endpoint, scenes."""
+
+import io
+import random
+import threading
+
+import httpx
+
+from server_helpers import metric_values
+from vlserve.builtin import scenes
+from vlserve.lang.backend.runtime_endpoint import RuntimeEndpoint
+from vlserve.server.app import make_engine
+from vlserve.server.background import BackgroundServer
+from vlserve.server_args import ServerArgs
+
+
+def builtin_server(**overrides) -> tuple[object, BackgroundServer]:
+    """A fresh engine (empty cache) serving the built-in model on 127.0.0.1, a free port."""
+    args = ServerArgs(port=0, max_total_tokens=8192, num_threads=1, **overrides)
+    engine = make_engine(args)
+    return engine, BackgroundServer(engine, args).start()
+
+
+class RecordingEndpoint(RuntimeEndpoint):
+    """The real RuntimeEndpoint; every request's start and end is recorded, in order."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.events: list[tuple[str, int, dict, object]] = []
+        self._lock = threading.Lock()
+
+    def call(self, payload: dict):
+        with self._lock:
+            n = sum(1 for e in self.events if e[0] == "start")
+            self.events.append(("start", n, payload, None))
+        result = super().call(payload)
+        with self._lock:
+            self.events.append(("end", n, payload, result))
+        return result
+
+    def requests(self) -> list[tuple[int, dict, object]]:
+        return [(n, p, r) for kind, n, p, r in self.events if kind == "end"]
+
+    def position(self, kind: str, n: int) -> int:
+        return next(i for i, e in enumerate(self.events) if e[0] == kind and e[1] == n)
+
+
+def scene_png(seed: int) -> tuple[bytes, list]:
+    """A built-in-model scene image (PNG bytes) and its questions."""
+    scene = scenes.image_scene(random.Random(seed))
+    buf = io.BytesIO()
+    scene.frames[0].save(buf, "PNG")
+    return buf.getvalue(), scene.qas
+
+
+def scene_video(seed: int, frames: int = 6) -> tuple[bytes, list]:
+    from vlserve.bench.workloads import frames_mkv
+
+    scene = scenes.video_scene(random.Random(seed), n_frames=frames)
+    return frames_mkv(scene.frames), scene.qas
+
+
+def metric(url: str, name: str) -> float:
+    return sum(metric_values(httpx.get(url + "/metrics", timeout=10).text, name).values())
