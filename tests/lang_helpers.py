@@ -62,3 +62,31 @@ def scene_video(seed: int, frames: int = 6) -> tuple[bytes, list]:
 
 def metric(url: str, name: str) -> float:
     return sum(metric_values(httpx.get(url + "/metrics", timeout=10).text, name).values())
+
+
+class AppServer:
+    """Any ASGI app on 127.0.0.1, a free port, on a background thread (the scripted OpenAI fake)."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                                    lifespan="off"))
+        self._thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "AppServer":
+        self._thread.start()
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the server did not start")
+            self._thread.join(0.01)
+        return self
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=10)

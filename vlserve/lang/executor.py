@@ -278,7 +278,8 @@ class StreamExecutor:
 
     def _execute_role_end(self, expr: SglRoleEnd) -> None:
         if self._chat_speculating():
-            self.backend.role_end_generate(self)
+            self.backend.role_end_generate(self)  # fills the turn's gens from one call (or several)
+            self._append(self.chat_spec.text())
             for name, value in self.chat_spec.take_variables():
                 self._set_variable(name, value, {})
         self.cur_role = None
