@@ -10,6 +10,7 @@ import threading
 import uuid
 
 from vlserve.lang.chat_spec import ChatSpecTurn
+from vlserve.lang.global_config import global_config
 from vlserve.lang.ir import (SglCommitLazy, SglConcateAndAppend, SglConstantText, SglExpr, SglExprList, SglGen,
                              SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglVarScopeBegin,
                              SglVarScopeEnd, SglVideo, variable_names)
@@ -103,7 +104,7 @@ class StreamExecutor:
         size = int(size)
         self.sync()
         self._raise_error()
-        if size > 1 and self.text_:
+        if size > 1 and self.text_ and global_config.enable_fork_hint:
             # The fork hint: the shared prefix (text and media) is prefilled and cached before any branch
             # request exists, so every branch hits it. Forking an empty state sends nothing.
             self.submit(SglCommitLazy())
