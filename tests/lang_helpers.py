@@ -1,13 +1,15 @@
 """Shared by tests/test_lang_*.py: a fresh server on the built-in model, a recording endpoint, scenes."""
 
-import io
-import random
+import os
+import sys
 import threading
 
 import httpx
 
 from server_helpers import metric_values
-from vlserve.builtin import scenes
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from common import scene as scene_png, video_scene as scene_video  # noqa: E402,F401 - the examples' scenes
 from vlserve.lang.backend.runtime_endpoint import RuntimeEndpoint
 from vlserve.server.app import make_engine
 from vlserve.server.background import BackgroundServer
@@ -43,21 +45,6 @@ class RecordingEndpoint(RuntimeEndpoint):
 
     def position(self, kind: str, n: int) -> int:
         return next(i for i, e in enumerate(self.events) if e[0] == kind and e[1] == n)
-
-
-def scene_png(seed: int) -> tuple[bytes, list]:
-    """A built-in-model scene image (PNG bytes) and its questions."""
-    scene = scenes.image_scene(random.Random(seed))
-    buf = io.BytesIO()
-    scene.frames[0].save(buf, "PNG")
-    return buf.getvalue(), scene.qas
-
-
-def scene_video(seed: int, frames: int = 6) -> tuple[bytes, list]:
-    from vlserve.bench.workloads import frames_mkv
-
-    scene = scenes.video_scene(random.Random(seed), n_frames=frames)
-    return frames_mkv(scene.frames), scene.qas
 
 
 def metric(url: str, name: str) -> float:

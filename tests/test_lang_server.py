@@ -7,6 +7,7 @@ import pytest
 
 import vlserve.lang as sgl
 from lang_helpers import RecordingEndpoint, builtin_server, metric, scene_png, scene_video
+from image_qa import image_qa  # noqa: I001 - examples/ is on the path once lang_helpers is imported
 from server_helpers import assert_leak_free
 from vlserve.lang.media import image_item
 
@@ -22,14 +23,6 @@ def served():
     engine.shutdown()
 
 
-@sgl.function
-def four_questions(s, picture, questions):
-    s += sgl.user_begin() + sgl.image(picture)
-    forks = s.fork(len(questions))
-    forks += lambda i: questions[i] + sgl.user_end() + sgl.assistant(sgl.gen("answer", max_tokens=6))
-    forks.join()
-
-
 def test_fork_commits_image_and_prefix_once_before_any_branch(served):
     # Runs first in this module: the server's cache is empty.
     engine, server = served
@@ -38,7 +31,7 @@ def test_fork_commits_image_and_prefix_once_before_any_branch(served):
     endpoint = RecordingEndpoint(server.url)
     vision_before = metric(server.url, "vlserve_vision_encoder_images_total")
 
-    state = four_questions.run(picture=picture, questions=[qa.question for qa in qas], temperature=0,
+    state = image_qa.run(picture=picture, questions=[qa.question for qa in qas], temperature=0,
                                backend=endpoint)
 
     assert [a.strip() for a in state["answer"]] == [qa.answer for qa in qas]  # every branch saw the image
@@ -146,6 +139,26 @@ def test_select_picks_the_right_colour(served):
     assert len(cases) >= 8
     assert [s["colour"] for s in states] == [" " + qa.answer for _, qa in cases]
     assert states[0].text().endswith(f"ASSISTANT: {cases[0][1].answer}</s>")
+
+
+def test_select_after_a_gen_needs_no_commit(served):
+    picture, qas = scene_png(8)
+    endpoint = RecordingEndpoint(served[1].url)
+
+    @sgl.function
+    def judge(s):
+        s += sgl.user(sgl.image(picture) + qas[0].question) + sgl.assistant(sgl.gen("answer", max_tokens=8))
+        s += sgl.user("Is that right?") + sgl.assistant(sgl.select("verdict", choices=[" yes", " no"]))
+        s += sgl.user("Sure?") + sgl.assistant(sgl.select("again", choices=[" yes", " no"]))
+
+    state = judge.run(temperature=0, backend=endpoint)
+    kinds = [("batch" if isinstance(p["text"], list) else "gen") for _, p, _ in endpoint.requests()]
+    assert kinds == ["gen", "batch", "batch"]  # the prefix's length is known from the previous answer
+    text = state.text()
+    prefix = text[:text.index("Is that right?")] + "Is that right? ASSISTANT:"
+    independent = _independent_scores(served[0], sgl.RuntimeEndpoint(served[1].url), prefix, picture, [" yes", " no"])
+    means = [sum(c) / len(c) for c, _ in independent]
+    assert state.get_meta_info("verdict")["normalized_prompt_logprobs"] == pytest.approx(means, abs=1e-3)
 
 
 @sgl.function

@@ -42,6 +42,8 @@ class StreamExecutor:
         self.fork_start_text_pos: int | None = None
         self.fork_start_media_pos: int = 0
         self._scope_starts: dict[str, int] = {}
+        # (chars, tokens): the runtime's token count of text_[:chars], from its last answer (select uses it)
+        self.token_mark: tuple[int, int] | None = None
         self.speculation = Speculation()  # completion-model API speculative execution
         self.chat_spec = ChatSpecTurn()  # chat-model API speculative execution (one assistant turn)
 
@@ -124,6 +126,7 @@ class StreamExecutor:
         child.cur_role, child.cur_role_begin_pos = self.cur_role, self.cur_role_begin_pos
         child.media, child.cur_images = list(self.media), list(self.cur_images)
         child.fork_start_text_pos, child.fork_start_media_pos = len(self.text_), len(self.media)
+        child.token_mark = self.token_mark
         return child
 
     def set_error(self, error: BaseException) -> None:

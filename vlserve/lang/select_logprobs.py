@@ -1,36 +1,35 @@
 """select on vlserve's runtime: every choice scored from the cached prefix in one batched request.
 
-1. The prefix (text and media) is committed with max_new_tokens=0; its prompt_tokens is P.
+1. The prefix's token count P: known from the state's last runtime answer (a gen or a commit, which
+   left its tokens in the cache), or else learnt by committing the prefix with max_new_tokens=0.
 2. One batch: the prefix alone and prefix+choice for every choice, max_new_tokens=0, prompt logprobs
    from position P - window. Appending a choice can re-tokenise the prefix's last tokens, so the
    choice's tokens start where its token ids first differ from the prefix's own (found by
-   tokenising both, in the server); a window that holds no common token is doubled and retried.
+   tokenising both, in the server); a window that holds no common token is doubled and retried
+   (which also covers a P that was over-estimated).
 3. unconditional_likelihood_normalized only: the choices' token ids alone, scored from position 0.
 """
+
+import os
 
 from vlserve.lang.choices import ChoicesDecision
 
 WINDOW = 8
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def choice_token_logprobs(prefix_items: list, full_items: list) -> tuple[list[list], int]:
     """The (logprob, id) items of the choice's own tokens, and how many leading items it shares."""
-    shared = common_prefix_len([i[1] for i in prefix_items], [i[1] for i in full_items])
+    shared = len(os.path.commonprefix([[i[1] for i in prefix_items], [i[1] for i in full_items]]))
     return [[lp, tid] for lp, tid in full_items[shared:]], shared
 
 
-def score_choices(call, prompt_of, text: str, media: list, choices: list[str]) -> list[list]:
-    commit = call({**prompt_of(text, media), "sampling_params": {"max_new_tokens": 0}})
-    n_prefix = commit["meta_info"]["prompt_tokens"]
+def score_choices(call, prompt_of, text: str, media: list, choices: list[str],
+                  known_tokens: int | None = None) -> tuple[list[list], list[dict]]:
+    """Each choice's (logprob, id) items, and the batch's answers (prefix first)."""
+    n_prefix = known_tokens
+    if n_prefix is None:
+        commit = call({**prompt_of(text, media), "sampling_params": {"max_new_tokens": 0}})
+        n_prefix = commit["meta_info"]["prompt_tokens"]
     window = WINDOW
     while True:
         start = max(n_prefix - window, 0)
@@ -45,7 +44,7 @@ def score_choices(call, prompt_of, text: str, media: list, choices: list[str]) -
     for choice, (tokens, _) in zip(choices, scored):
         if not tokens:
             raise ValueError(f"select: the choice {choice!r} adds no token to the prompt")
-    return [tokens for tokens, _ in scored]
+    return [tokens for tokens, _ in scored], results
 
 
 def unconditional_logprobs(call, choice_tokens: list[list]) -> list[list]:
@@ -56,9 +55,14 @@ def unconditional_logprobs(call, choice_tokens: list[list]) -> list[list]:
             for tokens, r in zip(choice_tokens, results)]
 
 
-def select_choice(call, prompt_of, text: str, media: list, choices: list[str], method) -> ChoicesDecision:
-    tokens = score_choices(call, prompt_of, text, media, choices)
+def select_choice(call, prompt_of, s, choices: list[str], method):
+    """The decision; s.token_mark is used (a known prefix length) and moved past the chosen text."""
+    known = s.token_mark[1] if s.token_mark is not None else None
+    tokens, results = score_choices(call, prompt_of, s.text_, s.media, choices, known)
     normalized = [sum(lp for lp, _ in t) / len(t) for t in tokens]
     unconditional = unconditional_logprobs(call, tokens) if method.requires_unconditional_logprobs else None
-    return method(choices=choices, normalized_prompt_logprobs=normalized, input_token_logprobs=tokens,
-                  output_token_logprobs=[[] for _ in choices], unconditional_token_logprobs=unconditional)
+    decision = method(choices=choices, normalized_prompt_logprobs=normalized, input_token_logprobs=tokens,
+                      output_token_logprobs=[[] for _ in choices], unconditional_token_logprobs=unconditional)
+    chosen = results[1 + choices.index(decision.decision)]["meta_info"]["prompt_tokens"]
+    s.token_mark = (len(s.text_) + len(decision.decision), chosen)
+    return decision

@@ -39,20 +39,26 @@ class NativeBackend(BaseBackend):
         self.call({**self.prompt(prefix_str, list(media)), "sampling_params": {"max_new_tokens": 0}})
 
     def commit_lazy_operations(self, s) -> dict:
-        return self.call({**self.prompt(s.text_, s.media), "sampling_params": {"max_new_tokens": 0}})
+        result = self.call({**self.prompt(s.text_, s.media), "sampling_params": {"max_new_tokens": 0}})
+        s.token_mark = (len(s.text_), result["meta_info"]["prompt_tokens"])
+        return result
 
     def generate(self, s, sampling_params) -> tuple[str, dict]:
         result = self.call({**self.prompt(s.text_, s.media), "sampling_params": sampling_params.to_runtime()})
-        return result["text"], result["meta_info"]
+        meta = result["meta_info"]
+        s.token_mark = (len(s.text_) + len(result["text"]), meta["prompt_tokens"] + meta["completion_tokens"])
+        return result["text"], meta
 
     def generate_stream(self, s, sampling_params):
         payload = {**self.prompt(s.text_, s.media), "sampling_params": sampling_params.to_runtime()}
-        sent = ""
+        sent, start, meta = "", len(s.text_), {}
         for chunk in self.call_stream(payload):
-            text = chunk["text"]
+            text, meta = chunk["text"], chunk["meta_info"]
             delta = text[len(sent):] if text.startswith(sent) else ""
             sent = text if text.startswith(sent) else sent
-            yield delta, chunk["meta_info"]
+            yield delta, meta
+        if meta:
+            s.token_mark = (start + len(sent), meta["prompt_tokens"] + meta["completion_tokens"])
 
     def select(self, s, choices: list[str], temperature: float, choices_method):
-        return select_choice(self.call, self.prompt, s.text_, s.media, choices, choices_method)
+        return select_choice(self.call, self.prompt, s, choices, choices_method)
