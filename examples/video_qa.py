@@ -23,4 +23,4 @@ if __name__ == "__main__":
     from common import backend_from_args
 
     for question, answer, truth in main(backend_from_args(__doc__)):
-        print(f"{question:50s} {answer:12s} (truth: {truth})")
+        print(f"{question} -> {answer}   (truth: {truth})")

@@ -62,7 +62,11 @@ class StreamExecutor:
     def submit(self, expr) -> None:
         if self._ended:
             raise RuntimeError("this program state has ended; no statement can be added")
-        for name in variable_names(expr if isinstance(expr, SglExpr) else SglConstantText(str(expr))):
+        if isinstance(expr, str):
+            expr = SglConstantText(expr)
+        elif not isinstance(expr, SglExpr):
+            raise TypeError(f"cannot add {type(expr).__name__} to a program state; use a string or an expression")
+        for name in variable_names(expr):
             self.variable_event[name] = threading.Event()
         if self.use_thread:
             self.queue.put(expr)
@@ -185,7 +189,7 @@ class StreamExecutor:
 
     # ---- statements ------------------------------------------------------------------------------
     def _execute(self, expr) -> None:
-        if isinstance(expr, str):
+        if isinstance(expr, str):  # roles and lists may hold plain strings
             expr = SglConstantText(expr)
         handler = _HANDLERS.get(type(expr))
         if handler is None:

@@ -14,7 +14,7 @@ import os
 
 from vlserve.lang.choices import ChoicesDecision
 
-WINDOW = 8
+WINDOW = 4
 
 
 def choice_token_logprobs(prefix_items: list, full_items: list) -> tuple[list[list], int]:
