@@ -12,10 +12,13 @@ def tree_of_thought(s, picture, question, num_thoughts=3, num_answers=2):
     s += sgl.user(sgl.image(picture) + "Describe the image in one sentence.")
     thoughts = s.fork(num_thoughts)
     thoughts += sgl.assistant(sgl.gen("thought", max_tokens=24, temperature=0.8))
+    groups = []  # every thought's answers start before any is joined, so all leaves run side by side
     for thought in thoughts:
         answers = thought.fork(num_answers)
         answers += sgl.user(question) + sgl.assistant(sgl.gen("answer", max_tokens=8, temperature=0.8))
         answers += sgl.user("Is that right?") + sgl.assistant(sgl.select("verdict", choices=[" yes", " no"]))
+        groups.append(answers)
+    for answers in groups:
         answers.join()
     thoughts.join()
     # join gathers one level at a time: s["answer"][thought][answer]
