@@ -2,7 +2,7 @@
 
 1. co-design: the tree-of-thought and essay-judge programs (examples/) over run_batch with the fork
    and run_batch hints on vs off, each from a fresh server — programs/s and radix-cache hit rate
-   (cached / prompt tokens, from /metrics);
+   (cached / prompt tokens, from /metrics) — also with the scheduler's in-batch prefix sharing off;
 2. the same programs written against the plain openai client (benchmarks/frontend_openai.py):
    lines of code and wall time;
 3. API speculative execution on vlserve's /v1/completions: calls and billed prompt tokens.
@@ -38,8 +38,8 @@ from vlserve.server_args import ServerArgs  # noqa: E402
 MODEL: str | None = None  # None: the built-in model (--spec bench: the 104.7 M benchmark model)
 
 
-def start_server():
-    args = ServerArgs(model=MODEL, port=0, max_total_tokens=16384, num_threads=2)
+def start_server(**overrides):
+    args = ServerArgs(model=MODEL, port=0, max_total_tokens=16384, num_threads=2, **overrides)
     engine = make_engine(args)
     return engine, BackgroundServer(engine, args).start()
 
@@ -109,10 +109,10 @@ def run_openai(function, batch):
 url_of_run = ""
 
 
-def fresh(run_factory) -> dict:
+def fresh(run_factory, **server_overrides) -> dict:
     """Each configuration on its own fresh server (empty cache), after one warm-up request."""
     global url_of_run
-    engine, server = start_server()
+    engine, server = start_server(**server_overrides)
     url_of_run = server.url
     try:
         httpx.post(server.url + "/generate", json={"text": "warm up", "sampling_params": {"max_new_tokens": 1}},
@@ -177,6 +177,11 @@ def main() -> None:
             "hints_on": fresh(lambda: run_lang(program, batch, kwargs, hints=True)),
             "hints_off": fresh(lambda: run_lang(program, batch, kwargs, hints=False)),
             "plain_openai": fresh(lambda: run_openai(baseline, batch)),
+            # the scheduler's in-batch prefix sharing off: what the hints are left to do alone
+            "hints_on_no_inbatch_sharing": fresh(lambda: run_lang(program, batch, kwargs, hints=True),
+                                                 prefix_share_threshold=0),
+            "hints_off_no_inbatch_sharing": fresh(lambda: run_lang(program, batch, kwargs, hints=False),
+                                                  prefix_share_threshold=0),
             "lines": {"vlserve.lang": code_lines(program.func), "plain_openai": baseline_lines(baseline)},
         }
         print(name, json.dumps(results[name]), flush=True)
@@ -192,15 +197,19 @@ def main() -> None:
 
 def table(results: dict) -> str:
     buf = io.StringIO()
-    buf.write("| program | run | programs/s | wall s | prompt tokens | cached | hit rate | vision-tower images | lines |\n")
-    buf.write("|---|---|---|---|---|---|---|---|---|\n")
+    buf.write("| program | run | programs/s | wall s | prompt tokens | cached | computed | hit rate | vision-tower images "
+              "| lines |\n")
+    buf.write("|---|---|---|---|---|---|---|---|---|---|\n")
     for name in PROGRAMS:
         r = results[name]
-        for run in ("hints_on", "hints_off", "plain_openai"):
+        for run in ("hints_on", "hints_off", "plain_openai", "hints_on_no_inbatch_sharing",
+                    "hints_off_no_inbatch_sharing"):
+            if run not in r:
+                continue
             m = r[run]
             lines = r["lines"]["plain_openai" if run == "plain_openai" else "vlserve.lang"]
             buf.write(f"| {name} | {run} | {m['programs_per_s']} | {m['wall_s']} | {m['prompt_tokens']} | "
-                      f"{m['cached_tokens']} | {m['hit_rate']:.1%} | {m['vision_tower_images']} | {lines} |\n")
+                      f"{m['cached_tokens']} | {m['prompt_tokens'] - m['cached_tokens']} | {m['hit_rate']:.1%} | {m['vision_tower_images']} | {lines} |\n")
     s = results["speculation"]
     buf.write(f"\nSpeculative execution on /v1/completions: {s['without']['calls']} calls / "
               f"{s['without']['prompt_tokens']} billed prompt tokens without, {s['with']['calls']} / "

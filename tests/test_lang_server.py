@@ -141,24 +141,27 @@ def test_select_picks_the_right_colour(served):
     assert states[0].text().endswith(f"ASSISTANT: {cases[0][1].answer}</s>")
 
 
-def test_select_after_a_gen_needs_no_commit(served):
+def test_select_right_after_a_gen_needs_no_commit(served):
     picture, qas = scene_png(8)
     endpoint = RecordingEndpoint(served[1].url)
+    shapes = [" circle", " square", " triangle"]
 
     @sgl.function
-    def judge(s):
-        s += sgl.user(sgl.image(picture) + qas[0].question) + sgl.assistant(sgl.gen("answer", max_tokens=8))
-        s += sgl.user("Is that right?") + sgl.assistant(sgl.select("verdict", choices=[" yes", " no"]))
-        s += sgl.user("Sure?") + sgl.assistant(sgl.select("again", choices=[" yes", " no"]))
+    def describe(s):
+        s += sgl.user(sgl.image(picture) + "Describe the image in one sentence.") + sgl.assistant_begin()
+        s += " A" + sgl.gen("colour", max_tokens=1) + sgl.select("shape", choices=shapes)
+        s += " and" + sgl.select("again", choices=[" a", " an"])
 
-    state = judge.run(temperature=0, backend=endpoint)
-    kinds = [("batch" if isinstance(p["text"], list) else "gen") for _, p, _ in endpoint.requests()]
-    assert kinds == ["gen", "batch", "batch"]  # the prefix's length is known from the previous answer
+    state = describe.run(temperature=0, backend=endpoint)
+    kinds = [("batch" if isinstance(p["text"], list) else "commit" if p["sampling_params"] == {"max_new_tokens": 0}
+              else "gen") for _, p, _ in endpoint.requests()]
+    # the prefix's length is known from the gen's answer; after " and" the new text is committed once
+    assert kinds == ["gen", "batch", "commit", "batch"]
     text = state.text()
-    prefix = text[:text.index("Is that right?")] + "Is that right? ASSISTANT:"
-    independent = _independent_scores(served[0], sgl.RuntimeEndpoint(served[1].url), prefix, picture, [" yes", " no"])
+    prefix = text[:text.index(state["shape"], text.index("ASSISTANT:"))]
+    independent = _independent_scores(served[0], sgl.RuntimeEndpoint(served[1].url), prefix, picture, shapes)
     means = [sum(c) / len(c) for c, _ in independent]
-    assert state.get_meta_info("verdict")["normalized_prompt_logprobs"] == pytest.approx(means, abs=1e-3)
+    assert state.get_meta_info("shape")["normalized_prompt_logprobs"] == pytest.approx(means, abs=1e-3)
 
 
 @sgl.function

@@ -1,12 +1,12 @@
 """select on vlserve's runtime: every choice scored from the cached prefix in one batched request.
 
-1. The prefix's token count P: known from the state's last runtime answer (a gen or a commit, which
-   left its tokens in the cache), or else learnt by committing the prefix with max_new_tokens=0.
+1. The prefix's token count P: known when nothing was appended since the state's last runtime answer
+   (a gen, a commit or a select, whose tokens are in the cache); else the prefix is committed with
+   max_new_tokens=0 (which caches the new text once, not once per choice) and reports P.
 2. One batch: the prefix alone and prefix+choice for every choice, max_new_tokens=0, prompt logprobs
    from position P - window. Appending a choice can re-tokenise the prefix's last tokens, so the
    choice's tokens start where its token ids first differ from the prefix's own (found by
-   tokenising both, in the server); a window that holds no common token is doubled and retried
-   (which also covers a P that was over-estimated).
+   tokenising both, in the server); a window that holds no common token is doubled and retried.
 3. unconditional_likelihood_normalized only: the choices' token ids alone, scored from position 0.
 """
 
@@ -57,7 +57,8 @@ def unconditional_logprobs(call, choice_tokens: list[list]) -> list[list]:
 
 def select_choice(call, prompt_of, s, choices: list[str], method):
     """The decision; s.token_mark is used (a known prefix length) and moved past the chosen text."""
-    known = s.token_mark[1] if s.token_mark is not None else None
+    exact = s.token_mark is not None and s.token_mark[0] == len(s.text_)  # nothing appended since
+    known = s.token_mark[1] if exact else None
     tokens, results = score_choices(call, prompt_of, s.text_, s.media, choices, known)
     normalized = [sum(lp for lp, _ in t) / len(t) for t in tokens]
     unconditional = unconditional_logprobs(call, tokens) if method.requires_unconditional_logprobs else None
