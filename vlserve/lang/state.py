@@ -110,19 +110,10 @@ class ProgramState:
                 return
 
     async def text_async_iter(self, var_name: str | None = None):
-        exe = self.stream_executor
-        if not exe.stream:
-            yield await asyncio.to_thread(self.text if var_name is None else lambda: self.get_var(var_name))
-            return
-        prev = 0
-        while True:
-            piece, done = await asyncio.to_thread(_next_piece, exe, var_name, prev)
-            prev += len(piece)
-            if piece:
-                yield piece
-            if done:
-                exe._raise_error()
-                return
+        """text_iter for `async for`: each wait runs in a thread, never on the event loop."""
+        pieces, done = self.text_iter(var_name), object()
+        while (piece := await asyncio.to_thread(next, pieces, done)) is not done:
+            yield piece
 
 
 def _next_piece(exe: StreamExecutor, var_name: str | None, prev: int) -> tuple[str, bool]:
