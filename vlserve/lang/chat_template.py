@@ -1,6 +1,6 @@
 """Role prefixes and suffixes a program's text is rendered with (SGLang's ChatTemplate)."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,6 @@
 
 import os
 
-from vlserve.lang.choices import ChoicesDecision
-
 WINDOW = 4
 
 
