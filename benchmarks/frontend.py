@@ -32,7 +32,7 @@ from common import scene  # noqa: E402
 import vlserve.lang as sgl  # noqa: E402
 from vlserve.server.app import make_engine  # noqa: E402
 from vlserve.server.background import BackgroundServer  # noqa: E402
-from vlserve.server_args import ServerArgs  # noqa: E402
+from vlserve.server.args import ServerArgs  # noqa: E402
 
 
 MODEL: str | None = None  # None: the built-in model (--spec bench: the 104.7 M benchmark model)

@@ -13,7 +13,7 @@ from common import scene as scene_png, video_scene as scene_video  # noqa: E402,
 from vlserve.lang.backend.runtime_endpoint import RuntimeEndpoint
 from vlserve.server.app import make_engine
 from vlserve.server.background import BackgroundServer
-from vlserve.server_args import ServerArgs
+from vlserve.server.args import ServerArgs
 
 
 def builtin_server(**overrides) -> tuple[object, BackgroundServer]:

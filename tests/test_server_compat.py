@@ -194,3 +194,15 @@ def test_generate_answers_in_sglang_shapes_field_by_field(http):
     stop = http.post("/generate", json={"text": "Hello", "sampling_params": {
         "max_new_tokens": 3, "temperature": 0, "stop_token_ids": out["output_ids"][:1]}}).json()
     assert stop["meta_info"]["finish_reason"] == {"type": "stop", "matched": out["output_ids"][0]}
+
+
+def test_continue_final_message_continues_the_assistant_turn(http):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well, the"}]
+    body = CHAT | {"messages": messages, "continue_final_message": True, "add_generation_prompt": False,
+                   "max_tokens": 3}
+    cont = http.post("/v1/chat/completions", json=body).json()
+    prompt_len = cont["usage"]["prompt_tokens"]
+    closed = http.post("/v1/chat/completions", json=CHAT | {"messages": messages, "max_tokens": 3}).json()
+    assert prompt_len < closed["usage"]["prompt_tokens"]  # no end-of-turn and no new ASSISTANT: prefix
+    bad = http.post("/v1/chat/completions", json=CHAT | {"continue_final_message": True, "add_generation_prompt": False})
+    assert bad.status_code == 400 and "assistant message last" in bad.json()["error"]["message"]

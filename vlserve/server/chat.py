@@ -20,12 +20,15 @@ class ChatPrompt:
     videos: list[str] = field(default_factory=list)
 
 
-def build_chat_prompt(tokenizer, messages: list[ChatMessage]) -> ChatPrompt:
+def build_chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                      continue_final_message: bool = False) -> ChatPrompt:
+    """continue_final_message (vLLM's and SGLang's field): the last, assistant message is left open
+    so the answer continues it."""
     prompt, converted = ChatPrompt(""), []
     for i, message in enumerate(messages):
         role = "system" if message.role == "developer" else message.role
         converted.append({"role": role, "content": _content(message, i, prompt)})
-    prompt.text = render_chat(tokenizer, converted)
+    prompt.text = render_chat(tokenizer, converted, add_generation_prompt, continue_final_message)
     return prompt
 
 
@@ -36,11 +39,15 @@ def media_prompt(tokenizer, text: str, num_images: int, num_videos: int) -> str:
     return render_chat(tokenizer, [{"role": "user", "content": parts}])
 
 
-def render_chat(tokenizer, messages: list[dict]) -> str:
+def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                continue_final_message: bool = False) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequest("this model has no chat template; use /v1/completions or /generate with raw text")
+    if continue_final_message and (add_generation_prompt or messages[-1]["role"] != "assistant"):
+        raise InvalidRequest("continue_final_message needs add_generation_prompt false and an assistant message last")
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                             continue_final_message=continue_final_message)
     except Exception as e:  # jinja's TemplateError, or a template's raise_exception on bad role order
         raise InvalidRequest(f"the chat template rejected the messages: {e}") from None
 

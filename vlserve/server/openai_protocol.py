@@ -115,6 +115,8 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    add_generation_prompt: bool = True  # vLLM's and SGLang's chat extras
+    continue_final_message: bool = False
 
 
 class CompletionRequest(SamplingFields):

@@ -68,7 +68,8 @@ def openai_router(engine, model_name: str) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body)
-        prompt = build_chat_prompt(engine.tokenizer, body.messages)
+        prompt = build_chat_prompt(engine.tokenizer, body.messages, body.add_generation_prompt,
+                                   body.continue_final_message)
         params, fit = openai_sampling(body)
         base = {"prompt": prompt.text, "image_data": prompt.images or None, "video_data": prompt.videos or None,
                 "fit_max_new_tokens": fit, **openai_logprob_request(body)}
