@@ -206,3 +206,24 @@ def test_continue_final_message_continues_the_assistant_turn(http):
     assert prompt_len < closed["usage"]["prompt_tokens"]  # no end-of-turn and no new ASSISTANT: prefix
     bad = http.post("/v1/chat/completions", json=CHAT | {"continue_final_message": True, "add_generation_prompt": False})
     assert bad.status_code == 400 and "assistant message last" in bad.json()["error"]["message"]
+
+
+def test_several_served_names_and_the_openai_client_parses_logprobs():
+    import openai
+
+    engine, srv = start_server(served_model_name="llava,llava-1.5")
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == ["llava", "llava-1.5"]
+        chat = client.chat.completions.create(model="llava-1.5", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=3, temperature=0, logprobs=True, top_logprobs=2, n=2)
+        assert chat.model == "llava" and len(chat.choices) == 2
+        assert all(len(c.logprobs.content) == 3 and len(c.logprobs.content[0].top_logprobs) == 2 for c in chat.choices)
+        assert chat.usage.prompt_tokens_details.cached_tokens >= 0
+        done = client.completions.create(model="llava", prompt="Hello", max_tokens=2, logprobs=1, temperature=0)
+        assert len(done.choices[0].logprobs.tokens) == 2 and len(done.choices[0].logprobs.top_logprobs[0]) == 1
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="other", prompt="Hello", max_tokens=1)
+    finally:
+        srv.stop()
+        engine.shutdown()

@@ -46,8 +46,8 @@ class CLIArgs:
 @dataclass
 class EngineArgs(CLIArgs):
     model: str | None = _opt(None, "local Hugging Face LLaVA directory (default: the built-in model)")
-    served_model_name: str | None = _opt(None, "the model name clients send, /v1/models lists and metrics carry "
-                                               "(default: the model directory's name)")
+    served_model_name: str | None = _opt(None, "the model name(s) clients may send, comma-separated; the first is "
+                                               "the one answers and metrics carry (default: the model directory's name)")
     schedule_policy: str = _opt("lpm", choices=SCHEDULE_POLICIES)
     disable_radix_cache: bool = False
     attention_backend: str | None = _opt(None, "default: triton with CUDA, else torch", ATTENTION_BACKENDS)
@@ -95,10 +95,13 @@ class EngineArgs(CLIArgs):
         if not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
 
-    def model_name(self) -> str:
+    def model_names(self) -> list[str]:
         if self.served_model_name:
-            return self.served_model_name
-        return os.path.basename(os.path.normpath(self.model)) if self.model else BUILTIN_MODEL_NAME
+            return [n.strip() for n in self.served_model_name.split(",") if n.strip()]
+        return [os.path.basename(os.path.normpath(self.model)) if self.model else BUILTIN_MODEL_NAME]
+
+    def model_name(self) -> str:
+        return self.model_names()[0]
 
     def engine_kwargs(self) -> dict:
         """The EngineArgs fields of this object (a subclass adds server-only fields)."""

@@ -26,7 +26,7 @@ def build_app(engine, args: ServerArgs) -> FastAPI:
     app = FastAPI(title="vlserve", description="Serving vision-language models", version="0.1.0")
     app.router.route_class = ErrorMappingRoute
     install_error_handlers(app)
-    app.include_router(openai_router(engine, args.model_name()))
+    app.include_router(openai_router(engine, args.model_names()))
     app.include_router(generate_router(engine))
     app.include_router(upload_router(engine))
     app.include_router(admin_router(engine, args))

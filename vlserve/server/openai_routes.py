@@ -52,16 +52,18 @@ class ChoiceFormat:
         return {"index": index, **body, "logprobs": logprobs, "finish_reason": reason}
 
 
-def openai_router(engine, model_name: str) -> APIRouter:
+def openai_router(engine, model_names: list[str]) -> APIRouter:
+    model_name = model_names[0]  # the name answers carry
     router = APIRouter(route_class=ErrorMappingRoute)
 
     @router.get("/v1/models")
     async def list_models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "vlserve", "max_model_len": engine.context_len}]}
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "vlserve", "max_model_len": engine.context_len}
+                                           for name in model_names]}
 
     def check_model(body) -> None:
-        if body.model is not None and body.model != model_name:
+        if body.model is not None and body.model not in model_names:
             raise APIError(404, f"the model `{body.model}` does not exist: this server serves `{model_name}` "
                                 "(GET /v1/models)", param="model", code="model_not_found")
 
