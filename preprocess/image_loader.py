@@ -50,8 +50,7 @@ def _open_header(data: bytes, limits: MediaLimits) -> Image.Image:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise _bomb_error(str(e), limits) from None
     except UnidentifiedImageError:
-        raise MediaError(f"bytes are not a supported image ({', '.join(IMAGE_FORMATS)}); "
-                         f"first bytes {data[:8]!r}") from None
+        raise MediaError(f"bytes are not a supported image ({', '.join(IMAGE_FORMATS)})") from None
     except _DECODE_ERRORS as e:
         raise MediaError(f"image header is corrupt: {e}") from None
 

@@ -17,6 +17,7 @@ class MediaLimits:
     url_timeout_s: float = 10.0  # whole fetch, not per read
     url_max_bytes: int = 50 * 1024 * 1024
     allowed_media_path: str | None = None  # local paths are refused unless this is set
+    allowed_media_domains: tuple[str, ...] = ()  # URL hosts fetched even when they resolve to non-public addresses
 
     def __post_init__(self):
         for name in ("max_image_bytes", "max_image_pixels", "max_images_per_request", "video_max_bytes",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .errors import MediaError
 from .limits import MediaLimits, check_over
+from .url_guard import guarded_opener
 
 MediaSource = bytes | bytearray | memoryview | str | os.PathLike
 
@@ -133,7 +134,7 @@ def fetch_url(url: str, limits: MediaLimits, limit_name: str, what: str) -> byte
         raise MediaError(f"fetching {what} from URLs is disabled (allow_url_fetch=False): {url[:200]}")
     cap_name = limit_name if getattr(limits, limit_name) <= limits.url_max_bytes else "url_max_bytes"
     deadline = time.monotonic() + limits.url_timeout_s
-    opener = urllib.request.build_opener(_HttpOnlyRedirects)
+    opener = guarded_opener(frozenset(h.lower() for h in limits.allowed_media_domains), _HttpOnlyRedirects())
     request = urllib.request.Request(url, headers={"User-Agent": "vlserve-preprocess"})
     try:
         with opener.open(request, timeout=limits.url_timeout_s) as response:
@@ -147,9 +148,11 @@ def fetch_url(url: str, limits: MediaLimits, limit_name: str, what: str) -> byte
                 check_over(f"{what} at {url[:200]}", size, "bytes (so far)", limits, cap_name)
                 if time.monotonic() > deadline:
                     raise MediaError(f"fetching {url[:200]} took over the limit url_timeout_s={limits.url_timeout_s}")
-    except urllib.error.HTTPError as e:
-        raise MediaError(f"fetching {url[:200]} failed: HTTP {e.code} {e.reason}") from None
+    except urllib.error.HTTPError as e:  # the status code only: the reason phrase is the server's text
+        raise MediaError(f"fetching {url[:200]} failed: HTTP {e.code}") from None
     except urllib.error.URLError as e:
+        if isinstance(e.reason, MediaError):
+            raise e.reason from None
         raise MediaError(f"fetching {url[:200]} failed: {e.reason}") from None
     except (TimeoutError, OSError, ValueError) as e:
         if isinstance(e, MediaError):

@@ -172,6 +172,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 threading.Event().wait(0.05)
             return
+        if self.path.startswith("/redirect-to/"):  # /redirect-to/<port>/<path> → http://127.0.0.1:<port>/<path>
+            port, rest = self.path[len("/redirect-to/"):].split("/", 1)
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{port}/{rest}")
+            self.end_headers()
+            return
         if self.path == "/redirect-ftp":
             self.send_response(302)
             self.send_header("Location", "ftp://127.0.0.1/secret.png")  # urllib alone follows ftp
@@ -206,22 +212,25 @@ def test_url_fetch_is_disabled_by_default():
         load_image("https://example.com/cat.png")
 
 
+LOCAL = ("127.0.0.1",)  # the test server is on loopback, which is refused unless allowed by name
+
+
 def test_url_fetch_when_enabled(http_server):
     picture = noise(8, 8)
     _Handler.files = {"/a.png": encode(picture), "/big.png": encode(noise(64, 64))}
-    limits = MediaLimits(allow_url_fetch=True, url_timeout_s=5)
+    limits = MediaLimits(allow_url_fetch=True, url_timeout_s=5, allowed_media_domains=LOCAL)
     assert np.array_equal(np.asarray(load_image(f"{http_server}/a.png", limits)), np.asarray(picture))
     with pytest.raises(MediaError, match="HTTP 404"):
         load_image(f"{http_server}/missing.png", limits)
-    capped = MediaLimits(allow_url_fetch=True, url_max_bytes=1000)
+    capped = MediaLimits(allow_url_fetch=True, url_max_bytes=1000, allowed_media_domains=LOCAL)
     with pytest.raises(MediaError, match=r"over the limit url_max_bytes=1000"):
         load_image(f"{http_server}/big.png", capped)
-    small_images = MediaLimits(allow_url_fetch=True, max_image_bytes=1000)
+    small_images = MediaLimits(allow_url_fetch=True, max_image_bytes=1000, allowed_media_domains=LOCAL)
     with pytest.raises(MediaError, match=r"over the limit max_image_bytes=1000"):
         load_image(f"{http_server}/big.png", small_images)
     with pytest.raises(MediaError, match="redirect to a non-http"):
         load_image(f"{http_server}/redirect-ftp", limits)
-    impatient = MediaLimits(allow_url_fetch=True, url_timeout_s=0.3)
+    impatient = MediaLimits(allow_url_fetch=True, url_timeout_s=0.3, allowed_media_domains=LOCAL)
     with pytest.raises(MediaError, match=r"url_timeout_s=0.3"):
         load_image(f"{http_server}/slow", impatient)
 
@@ -387,3 +396,23 @@ def test_prepare_image_output_and_thread_safety():
     assert first.pixel_values.shape == (3, 32, 32) and first.pixel_values.dtype == np.float32
     assert len(first.content_hash) == 16
     assert process_image(load_image(sources[0]), processing).content_hash == first.content_hash
+
+
+def test_url_fetch_cannot_reach_inside(http_server):
+    """With fetching on, loopback (by IP or by a name resolving to it), private and link-local hosts are
+    refused; a redirect from an allowed host to a refused one is refused too; errors echo nothing."""
+    _Handler.files = {"/a.png": encode(noise(8, 8)), "/secret": b"TOP-SECRET internal answer"}
+    port = http_server.rsplit(":", 1)[1]
+    open_to_all = MediaLimits(allow_url_fetch=True, url_timeout_s=5)
+    for url in (f"{http_server}/a.png", f"http://localhost:{port}/a.png", "http://169.254.169.254/latest/meta-data",
+                "http://10.0.0.1/x.png", "http://[::1]:1/x.png", "http://0.0.0.0:1/x.png"):
+        with pytest.raises(MediaError, match="non-public address"):
+            load_image(url, open_to_all)
+    via_name = MediaLimits(allow_url_fetch=True, url_timeout_s=5, allowed_media_domains=("localhost",))
+    assert load_image(f"http://localhost:{port}/a.png", via_name).size == (8, 8)
+    with pytest.raises(MediaError, match="non-public address"):  # the redirect goes to 127.0.0.1, not allowed
+        load_image(f"http://localhost:{port}/redirect-to/{port}/a.png", via_name)
+    allowed = MediaLimits(allow_url_fetch=True, url_timeout_s=5, allowed_media_domains=LOCAL)
+    with pytest.raises(MediaError) as err:
+        load_image(f"{http_server}/secret", allowed)
+    assert "SECRET" not in str(err.value) and "internal" not in str(err.value)

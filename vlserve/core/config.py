@@ -66,7 +66,9 @@ class EngineArgs(CLIArgs):
     vision_cache_mb: float = 256.0
     video_frames: int | None = _opt(None, "frames sampled per video (default: 8)")
     allowed_media_path: str | None = _opt(None, "directory local media paths may be read from")
-    allow_url_fetch: bool = _opt(False, "let requests name http(s) media URLs")
+    allow_url_fetch: bool = _opt(False, "let requests name http(s) media URLs (public addresses only)")
+    allowed_media_domains: str | None = _opt(None, "comma-separated URL hosts fetched even when they resolve to "
+                                                   "loopback or private addresses")
     max_images_per_request: int = 16
     new_token_ratio: float = 0.4
     prefix_share_threshold: int = _opt(4, "in-batch prefix sharing: a request sharing this many uncached tokens "

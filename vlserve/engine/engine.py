@@ -54,7 +54,9 @@ class Engine:
         self.builder = RequestBuilder(
             self.tokenizer, self.loaded.config, ImageProcessing.from_hf_config(self.loaded.processor_config),
             MediaLimits(max_images_per_request=args.max_images_per_request, allow_url_fetch=args.allow_url_fetch,
-                        allowed_media_path=args.allowed_media_path),
+                        allowed_media_path=args.allowed_media_path,
+                        allowed_media_domains=tuple(h.strip() for h in (args.allowed_media_domains or "").split(",")
+                                                    if h.strip())),
             args.video_frames or DEFAULT_NUM_FRAMES, self.context_len, self.memory.allocator.capacity,
             ConstraintCompiler(self.tokenizer))
         self.media_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vlserve-media")
