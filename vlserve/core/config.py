@@ -75,6 +75,8 @@ class EngineArgs(CLIArgs):
                                           "with one admitted this round waits a round (0 = off)")
     max_wait_steps: int = _opt(512, "aging: a request waiting this many steps goes first")
     disable_jump_forward: bool = False
+    request_timeout: float | None = _opt(None, "seconds a request may wait and run; past it, it ends with an error "
+                                               "(HTTP 504) and frees its KV (default: no limit)")
     num_threads: int | None = _opt(None, "torch CPU threads")
     metrics_names: str = _opt("vlserve", "also export metrics under vLLM's or SGLang's names, for their "
                                          "Grafana dashboards", METRICS_NAMES)
@@ -121,6 +123,7 @@ class SchedulerConfig:
     prefix_share_threshold: int
     disable_jump_forward: bool
     log_requests: bool
+    request_timeout: float | None
 
 
 @dataclass(frozen=True, kw_only=True)

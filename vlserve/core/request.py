@@ -47,6 +47,7 @@ class StepOutput:
     meta: dict = field(default_factory=dict)
     replace_from: int | None = None  # jump-forward retokenised the output from this index on
     new_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)  # per new id, if asked
+    error_status: int = 500  # with an error: 500 internal, 503 the server is shutting down, 504 timed out
 
 
 @dataclass(eq=False)

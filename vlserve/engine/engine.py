@@ -60,6 +60,7 @@ class Engine:
             args.video_frames or DEFAULT_NUM_FRAMES, self.context_len, self.memory.allocator.capacity,
             ConstraintCompiler(self.tokenizer))
         self.media_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vlserve-media")
+        self.draining = False  # set by drain(): no new request is accepted
         self.stats_log = StatsLog(self.metrics, self.pool_state,
                                   lambda: (len(self.scheduler.running), len(self.scheduler.waiting)), args.log_stats_interval)
         self.loop = EngineLoop(self.scheduler, self.runner, after_step=self.stats_log.maybe_log)
@@ -85,6 +86,8 @@ class Engine:
 
     def submit(self, reqs: list[Req]) -> None:
         """Hands requests to the loop in one batch (so the policy orders them together)."""
+        if self.draining:
+            raise EngineBusy("the server is shutting down")
         if len(self.scheduler.waiting) + len(reqs) > self.args.max_waiting_requests:
             raise EngineBusy(f"the waiting queue is full ({self.args.max_waiting_requests} requests)")
         self.loop.submit(reqs)
@@ -182,6 +185,16 @@ class Engine:
                 return True
             time.sleep(0.01)
         return False
+
+    def drain(self, grace_s: float) -> bool:
+        """Graceful stop: accept nothing new, let what runs finish for up to grace_s, then end the rest
+        with an error (HTTP 503). True when everything finished within the grace period."""
+        self.draining = True
+        finished = self.wait_idle(grace_s)
+        if not finished:
+            self.loop.call(lambda: self.scheduler.end_all("the server is shutting down", 503)).result(30)
+            self.wait_idle(30)
+        return finished
 
     def shutdown(self) -> None:
         self.loop.stop()

@@ -37,7 +37,7 @@ class OutputAssembler:
         chunk = {"text": self.sent_text, "delta": delta, "output_ids": list(self.ids), "finished": out.finished,
                  "meta_info": meta}
         if out.error:
-            chunk["error"] = out.error
+            chunk["error"], chunk["error_status"] = out.error, out.error_status
         return chunk
 
     def _text(self, final: bool) -> str:

@@ -5,7 +5,8 @@ import time
 from vlserve.core.request import Req, StepOutput
 
 
-def step_output(req: Req, finished: bool, error: str | None = None, replace_from: int | None = None) -> StepOutput:
+def step_output(req: Req, finished: bool, error: str | None = None, replace_from: int | None = None,
+                error_status: int = 500) -> StepOutput:
     start = replace_from if replace_from is not None else len(req.output_ids) - 1  # jump-forward rewrote from there
     new_ids, new_lps, new_tops = req.output_ids[start:], req.output_logprobs[start:], req.output_top_logprobs[start:]
     if finished and req.finish_reason in ("abort", "error") or (finished and not req.output_ids):
@@ -18,4 +19,5 @@ def step_output(req: Req, finished: bool, error: str | None = None, replace_from
             meta["matched_stop"] = req.finish_matched
     if finished and req.return_logprob and req.logprob_start_len >= 0:
         meta["input_token_logprobs"] = req.input_logprobs
-    return StepOutput(req.rid, new_ids, new_lps, finished, req.finish_reason, error, meta, replace_from, new_tops)
+    return StepOutput(req.rid, new_ids, new_lps, finished, req.finish_reason, error, meta, replace_from, new_tops,
+                      error_status)

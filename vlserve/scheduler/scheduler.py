@@ -64,6 +64,8 @@ class Scheduler:
     # ---- schedule -----------------------------------------------------------------------------
     def schedule(self) -> list[PlannedExtend]:
         self._process_aborts()
+        if self.cfg.request_timeout:
+            self._expire(time.monotonic() - self.cfg.request_timeout)
         self.policy.step()
         plan, budget = [], self.cfg.chunked_prefill_size
         for req in list(self.running):
@@ -150,6 +152,19 @@ class Scheduler:
                 self._on_token(req, sampled, now)
         self._update_gauges()
 
+    def end_all(self, message: str, status: int) -> None:
+        """Ends every queued request with this error (the server is shutting down)."""
+        for req in self.running + self.waiting:
+            if not req.finished:
+                self._finish(req, "abort", error=message, error_status=status)
+        self._update_gauges()
+
+    def _expire(self, arrived_before: float) -> None:
+        for req in self.running + self.waiting:
+            if req.arrival_time < arrived_before and not req.finished:
+                self._finish(req, "abort", error=f"the request took longer than the server's --request-timeout of "
+                                                 f"{self.cfg.request_timeout:g} s", error_status=504)
+
     def fail_all(self, error: Exception) -> None:
         """A bug outside the forward (in schedule or process): every request still here ends with an
         error rather than wait forever on a loop that fails the same way each step."""
@@ -197,7 +212,8 @@ class Scheduler:
             self._emit(req, finished=False, replace_from=replace_from)
 
     # ---- ending requests ----------------------------------------------------------------------
-    def _finish(self, req: Req, reason: str, error: str | None = None, replace_from: int | None = None) -> None:
+    def _finish(self, req: Req, reason: str, error: str | None = None, replace_from: int | None = None,
+                error_status: int = 500) -> None:
         req.finish_reason = reason
         self.cm.release(req)
         if req in self.running:
@@ -205,11 +221,12 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self.stats.finished(req, time.monotonic(), error)
-        self._emit(req, finished=True, error=error, replace_from=replace_from)
+        self._emit(req, finished=True, error=error, replace_from=replace_from, error_status=error_status)
 
-    def _emit(self, req: Req, finished: bool, error: str | None = None, replace_from: int | None = None) -> None:
+    def _emit(self, req: Req, finished: bool, error: str | None = None, replace_from: int | None = None,
+              error_status: int = 500) -> None:
         if req.sink is not None:
-            req.sink(step_output(req, finished, error, replace_from))
+            req.sink(step_output(req, finished, error, replace_from, error_status))
 
     def _process_aborts(self) -> None:
         while not self._aborts.empty():

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from vlserve.server.admin_routes import admin_router
 from vlserve.server.auth import APIKeyMiddleware
+from vlserve.server.graceful import GracefulServer
 from vlserve.server.body_limit import BodyLimitMiddleware
 from vlserve.server.errors import ErrorMappingRoute, error_response, install_error_handlers
 from vlserve.server.generate import generate_router
@@ -35,6 +36,8 @@ def build_app(engine, args: ServerArgs) -> FastAPI:
     async def health():
         if not engine.is_alive():
             return error_response(503, "the engine loop is not running", code="engine_dead")
+        if engine.draining:
+            return error_response(503, "the server is shutting down", code="shutting_down")
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -60,8 +63,9 @@ def run_server(args: ServerArgs) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = make_engine(args)
     log.info("serving %s on http://%s:%d", args.model_name(), args.host, args.port)
+    config = uvicorn.Config(build_app(engine, args), host=args.host, port=args.port, log_level=args.log_level.lower())
     try:
-        uvicorn.run(build_app(engine, args), host=args.host, port=args.port, log_level=args.log_level.lower())
+        GracefulServer(config, engine, args.shutdown_timeout).run()
     finally:
         engine.shutdown()
     return 0

@@ -11,6 +11,8 @@ class ServerArgs(EngineArgs):
     port: int = 30000
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY'")
     max_request_bytes: int = 64 * 1024 * 1024
+    shutdown_timeout: float = _opt(30.0, "on SIGTERM/SIGINT: seconds running requests may finish before they are "
+                                         "ended with an error")
     enable_metrics: bool = _opt(False, "accepted for SGLang compatibility: /metrics is always on")
     log_level: str = "info"
 

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 503: "server_busy"}
+          405: "invalid_request_error", 413: "invalid_request_error", 503: "server_busy", 504: "timeout"}
 
 
 class APIError(Exception):
@@ -38,6 +38,17 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict | None = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+
+def raise_if_failed(result: dict) -> None:
+    """A finished request that ended in an error: its own status (500, 503 shutting down, 504 timeout)."""
+    if result.get("error"):
+        raise APIError(result.get("error_status", 500), result["error"])
+
+
+def error_event(chunk: dict) -> dict:
+    """The error a stream sends as its last event."""
+    return error_body(chunk.get("error_status", 500), chunk["error"])
 
 
 def error_from_exception(e: BaseException) -> APIError:

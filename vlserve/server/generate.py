@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from vlserve.server.disconnect import cancel_on_disconnect
-from vlserve.server.errors import APIError, ErrorMappingRoute, error_body
+from vlserve.server.errors import APIError, ErrorMappingRoute, error_event, raise_if_failed
 from vlserve.server.fanout import MergedStream, generate_all, open_streams
 from vlserve.server.sse import DONE, SSEResponse, event
 
@@ -49,8 +49,7 @@ def generate_router(engine) -> APIRouter:
             return SSEResponse(native_events(await open_streams(engine, jobs)))
         results = await cancel_on_disconnect(request, generate_all(engine, jobs))
         for r in results:
-            if r.get("error"):
-                raise APIError(500, r["error"])
+            raise_if_failed(r)
         answers = [native_result(r) for r in results]
         return answers if batch else answers[0]
 
@@ -80,7 +79,7 @@ async def native_events(merged: MergedStream):
     try:
         async for _, chunk in merged:
             if chunk.get("error"):
-                yield event(error_body(500, chunk["error"]))
+                yield event(error_event(chunk))
                 break
             yield event(native_result(chunk))
         yield DONE

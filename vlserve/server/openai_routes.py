@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 
 from vlserve.server.chat import build_chat_prompt
 from vlserve.server.disconnect import cancel_on_disconnect
-from vlserve.server.errors import APIError, ErrorMappingRoute, error_body
+from vlserve.server.errors import APIError, ErrorMappingRoute, error_event, raise_if_failed
 from vlserve.server.fanout import MergedStream, generate_all, open_streams
 from vlserve.server.openai_protocol import (ChatCompletionRequest, CompletionRequest, envelope, finish_reason,
                                             new_id, usage_of)
@@ -104,8 +104,7 @@ async def _respond(engine, request: Request, body, jobs: list[dict], fmt: Choice
         return SSEResponse(_events(merged, fmt, rid, model, len(jobs), prompts, include_usage))
     results = await cancel_on_disconnect(request, generate_all(engine, jobs))
     for r in results:
-        if r.get("error"):
-            raise APIError(500, r["error"])
+        raise_if_failed(r)
     choices = [fmt.final(i, r) for i, r in enumerate(results)]
     return envelope(fmt.object_type, rid, model, choices, usage=usage_of(results, prompts))
 
@@ -124,7 +123,7 @@ async def _events(merged: MergedStream, fmt: ChoiceFormat, rid: str, model: str,
                                  **extra))
         async for index, chunk in merged:
             if chunk.get("error"):
-                yield event(error_body(500, chunk["error"]))
+                yield event(error_event(chunk))
                 break
             reason = finish_reason(chunk["meta_info"]) if chunk["finished"] else None
             if chunk["delta"] or reason:

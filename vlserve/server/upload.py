@@ -11,7 +11,7 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 
 from vlserve.server.chat import media_prompt
 from vlserve.server.disconnect import cancel_on_disconnect
-from vlserve.server.errors import APIError, ErrorMappingRoute
+from vlserve.server.errors import APIError, ErrorMappingRoute, raise_if_failed
 from vlserve.server.fanout import generate_all, open_streams
 from vlserve.server.generate import native_events, native_result
 from vlserve.server.sse import SSEResponse
@@ -53,8 +53,7 @@ def upload_router(engine) -> APIRouter:
         if stream:
             return SSEResponse(native_events(await open_streams(engine, [job])))
         [result] = await cancel_on_disconnect(request, generate_all(engine, [job]))
-        if result.get("error"):
-            raise APIError(500, result["error"])
+        raise_if_failed(result)
         return native_result(result)
 
     return router
