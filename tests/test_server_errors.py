@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from server_helpers import assert_leak_free, data_uri, image_message, mp4, png, png_bomb, start_server
+from vlserve.server.app import build_app
 from vlserve.server.background import BackgroundServer
 from vlserve.server.args import ServerArgs
 
@@ -175,3 +176,20 @@ def assert_error(r: httpx.Response, status: int, expected: str) -> None:
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert expected.lower() in (error["message"] + " " + str(error["param"])).lower(), error
+
+
+def test_the_api_key_guards_every_route_that_does_work(server):
+    """Every route but /health and /metrics (read from the app's own OpenAPI schema, so a new route is
+    covered the day it is added) answers 401 without the key."""
+    engine = server[0]
+    args = ServerArgs(port=0, api_key="sekret")
+    app = BackgroundServer(engine, args)
+    paths = build_app(engine, args).openapi()["paths"]
+    routes = [(path, sorted(methods)[0].upper()) for path, methods in paths.items()
+              if path not in ("/health", "/metrics")]
+    assert {"/flush_cache", "/tokenize", "/get_server_info", "/generate", "/upload", "/v1/chat/completions"} <= {
+        p for p, _ in routes}
+    with app as guarded, httpx.Client(base_url=guarded.url, timeout=60) as c:
+        for path, method in routes:
+            assert_error(c.request(method, path), 401, "API key")
+        assert c.post("/flush_cache", headers={"Authorization": "Bearer sekret"}).status_code in (200, 400)
