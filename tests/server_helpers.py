@@ -39,8 +39,8 @@ def served_model() -> str:
 
 def start_server(**overrides) -> tuple[object, BackgroundServer]:
     """A fresh engine and server on a free port (the caller stops both)."""
-    args = ServerArgs(model=tiny_model_dir(), port=0, max_total_tokens=4096, max_running_requests=64,
-                      num_threads=1, **overrides)
+    args = ServerArgs(**{"model": tiny_model_dir(), "port": 0, "max_total_tokens": 4096, "max_running_requests": 64,
+                         "num_threads": 1, **overrides})
     engine = make_engine(args)
     return engine, BackgroundServer(engine, args).start()
 
