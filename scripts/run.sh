@@ -28,10 +28,21 @@ setup() {
   echo "$want" > "$stamp"
 }
 
+# The page's browser test drives Debian's chromium (Playwright is pointed at it: no browser download).
+browser() {
+  command -v chromium >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing chromium (apt) for the page's browser test..." >&2
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "chromium is missing and cannot be installed here (needs root and apt): tests/test_page.py will fail saying so" >&2
+  fi
+}
+
 cmd=${1:-serve}; shift || true
 case "$cmd" in
   setup) setup ;;
   serve) setup; exec "$VENV/bin/vlserve" serve "$@" ;;
-  test)  setup; exec "$VENV/bin/python" -m pytest -q "$@" ;;
+  test)  setup; browser; exec "$VENV/bin/python" -m pytest -q "$@" ;;
   *) echo "usage: scripts/run.sh serve|test|setup [args]" >&2; exit 2 ;;
 esac

@@ -8,7 +8,11 @@ through loop.call_soon_threadsafe.
 
 import logging
 
+from pathlib import Path
+
 from fastapi import FastAPI, Response
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from vlserve.server.admin_routes import admin_router
@@ -22,6 +26,8 @@ from vlserve.server.upload import upload_router
 from vlserve.server.args import ServerArgs
 
 log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).resolve().parent / "static"  # the page at / (no build step: plain HTML, CSS, JS)
 
 def build_app(engine, args: ServerArgs) -> FastAPI:
     app = FastAPI(title="vlserve", description="Serving vision-language models", version="0.1.0")
@@ -39,6 +45,12 @@ def build_app(engine, args: ServerArgs) -> FastAPI:
         if engine.draining:
             return error_response(503, "the server is shutting down", code="shutting_down")
         return {"status": "ok"}
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/metrics")
     async def metrics() -> Response:
