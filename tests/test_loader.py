@@ -83,3 +83,43 @@ def test_unsupported_architecture_is_named(tiny, tmp_path):
 def test_not_a_directory():
     with pytest.raises(CheckpointError, match="not a directory"):
         load_model("/nonexistent/model")
+
+
+def test_processor_and_chat_template_as_current_transformers_saves_them(tmp_path):
+    """No preprocessor_config.json (the image processor lives in processor_config.json) and the chat
+    template only in chat_template.json: the checkpoint loads and serves the same as before."""
+    from vlserve import Engine
+
+    src = make_tiny_model(str(tmp_path / "orig"), seed=3)
+    dst = str(tmp_path / "moved")
+    shutil.copytree(src, dst)
+    image_processor = json.load(open(os.path.join(dst, "preprocessor_config.json")))
+    os.remove(os.path.join(dst, "preprocessor_config.json"))
+    processor = json.load(open(os.path.join(dst, "processor_config.json")))
+    json.dump({**processor, "image_processor": image_processor}, open(os.path.join(dst, "processor_config.json"), "w"))
+    template = open(os.path.join(dst, "chat_template.jinja")).read()
+    os.remove(os.path.join(dst, "chat_template.jinja"))
+    tok_cfg = json.load(open(os.path.join(dst, "tokenizer_config.json")))
+    tok_cfg.pop("chat_template", None)
+    json.dump(tok_cfg, open(os.path.join(dst, "tokenizer_config.json"), "w"))
+    json.dump({"chat_template": template}, open(os.path.join(dst, "chat_template.json"), "w"))
+    loaded = load_model(dst)
+    assert loaded.processor_config == image_processor and loaded.tokenizer.chat_template == template
+    params = {"max_new_tokens": 4, "temperature": 0}
+    with Engine(src, max_total_tokens=1024) as a, Engine(dst, max_total_tokens=1024) as b:
+        picture = _png()
+        assert a.generate(prompt="<image>\nHi", image_data=picture, sampling_params=params)["output_ids"] == \
+            b.generate(prompt="<image>\nHi", image_data=picture, sampling_params=params)["output_ids"]
+    os.remove(os.path.join(dst, "processor_config.json"))
+    with pytest.raises(CheckpointError, match="image processor config"):
+        load_model(dst)
+
+
+def _png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (200, 40, 40)).save(buf, "PNG")
+    return buf.getvalue()

@@ -22,6 +22,7 @@ WEIGHT_FILE = "model.safetensors"
 WEIGHT_INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 PROCESSOR_FILE = "preprocessor_config.json"
+PROCESSOR_FALLBACK = "processor_config.json"  # current transformers keeps the image processor in here
 
 # (prefix in the checkpoint, prefix in LlavaForServing); first match wins, so longer prefixes first.
 _KEY_PREFIXES = (
@@ -63,8 +64,9 @@ def check_checkpoint_dir(path: str) -> list[str]:
         raise CheckpointError(f"{path}: missing config.json")
     if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         raise CheckpointError(f"{path}: missing tokenizer (one of {', '.join(TOKENIZER_FILES)})")
-    if not os.path.isfile(os.path.join(path, PROCESSOR_FILE)):
-        raise CheckpointError(f"{path}: missing {PROCESSOR_FILE} (the image processor config)")
+    if not os.path.isfile(os.path.join(path, PROCESSOR_FILE)) and "image_processor" not in _json(path, PROCESSOR_FALLBACK):
+        raise CheckpointError(f"{path}: missing {PROCESSOR_FILE} (the image processor config; an "
+                              f"\"image_processor\" entry in {PROCESSOR_FALLBACK} does as well)")
     index = os.path.join(path, WEIGHT_INDEX)
     if os.path.isfile(index):
         with open(index) as f:
@@ -118,9 +120,22 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
     model.language_model.fuse_projections()
     model = model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    with open(os.path.join(path, PROCESSOR_FILE)) as f:
-        processor_config = json.load(f)
+    if not getattr(tokenizer, "chat_template", None):  # the processor's chat_template.json, as AutoProcessor reads it
+        tokenizer.chat_template = _json(path, "chat_template.json").get("chat_template")
+    processor_config = _json(path, PROCESSOR_FILE) or _json(path, PROCESSOR_FALLBACK)["image_processor"]
     return LoadedModel(path, cfg, model, tokenizer, processor_config, hf_config)
+
+
+def _json(path: str, name: str) -> dict:
+    """A JSON file of the checkpoint, or {} when it is not there."""
+    file = os.path.join(path, name)
+    if not os.path.isfile(file):
+        return {}
+    try:
+        with open(file) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{file} could not be read: {e}") from None
 
 
 def _materialise_buffers(model: LlavaForServing, cfg: ModelConfig) -> None:
