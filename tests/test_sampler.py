@@ -30,6 +30,7 @@ def test_no_filter_is_the_softmax():
 
 
 def test_top_k_keeps_exactly_k_highest():
+    assert _close(_filtered(top_k=1), [0, 1.0, 0, 0])  # the filter alone (sample() takes top_k=1 as greedy)
     assert _close(_filtered(top_k=2), [0, 0.5 / 0.75, 0, 0.25 / 0.75])
     assert _close(_filtered(top_k=3), [0, 0.5 / 0.9, 0.15 / 0.9, 0.25 / 0.9])
 
