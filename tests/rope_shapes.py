@@ -10,7 +10,7 @@ from vlserve.model.tiny import TinyModelSpec
 ROPE_SHAPES = {
     # Mistral / Qwen2 use default RoPE with theta 1e6: catches a default path that ignores rope_theta.
     "theta-1e6": TinyModelSpec(rope_theta=1e6),
-    # linear is covered by test_parity_transformers.py's "tied-headdim-rope" shape.
+    "linear": TinyModelSpec(rope_scaling={"rope_type": "linear", "factor": 4.0}),
     "llama3": TinyModelSpec(rope_theta=500000.0, rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}),
