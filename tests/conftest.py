@@ -4,6 +4,7 @@
   collection time, whenever no CUDA GPU is present.
 - Tiny models run far faster single-threaded on two cores (about 40 ms against about 1 s per
   generate with two threads), so every test runs torch with one thread.
+- The test process has a memory ceiling (RLIMIT_DATA, VLSERVE_TEST_MEMORY_GB, default 8).
 """
 
 import os
@@ -27,6 +28,30 @@ if not _has_cuda():
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+# ---- a memory ceiling for the test process (and the servers and CLIs it starts) ------------------
+# A runaway allocation (say, a radix cache that allocates without bound) then fails its test with
+# MemoryError / torch's "can't allocate memory" instead of being killed by the OS with the machine.
+# RLIMIT_DATA (private writable memory), not RLIMIT_AS: torch and triton reserve large address
+# ranges that they never write. The whole suite peaks at about 1.0 GiB of it (measured on CPU; 2.6 GiB
+# of address space). VLSERVE_TEST_MEMORY_GB overrides the ceiling; 0 turns it off.
+import resource  # noqa: E402
+
+MEMORY_LIMIT_GB = float(os.environ.get("VLSERVE_TEST_MEMORY_GB", "8"))
+
+
+def _limit_memory(gb: float) -> None:
+    if gb <= 0:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = int(gb * 2**30)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+
+_limit_memory(MEMORY_LIMIT_GB)
 
 
 # ---- the HTTP tests' shared server (tests/server_helpers.py) -----------------------------------

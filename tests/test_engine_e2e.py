@@ -3,7 +3,6 @@ pressure (eviction + retraction), chunked prefill, aborts, and no leaked slot af
 
 import io
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -162,10 +161,13 @@ def test_abort_waiting_and_running_frees_everything(model_dir):
         reqs = [engine.make_request(prompt=f"USER: story {i} ASSISTANT:",
                                     sampling_params={"max_new_tokens": 200, "ignore_eos": True}) for i in range(4)]
         done = {r.rid: threading.Event() for r in reqs}
+        decoding = threading.Event()  # reqs[1] has produced a token: it is running, not waiting
         reasons = {}
 
         def sink_for(rid):
             def sink(out):
+                if rid == reqs[1].rid and out.new_ids:
+                    decoding.set()
                 if out.finished:
                     reasons[rid] = out.finish_reason
                     done[rid].set()
@@ -174,8 +176,8 @@ def test_abort_waiting_and_running_frees_everything(model_dir):
         for r in reqs:
             r.sink = sink_for(r.rid)
         engine.submit(reqs)
-        time.sleep(0.05)
-        for r in reqs[1:]:  # one running request aborted, two waiting ones too
+        assert decoding.wait(30)  # not a sleep: the abort below must hit a running request
+        for r in reqs[1:]:  # one running request aborted, two waiting ones too (max_running_requests=2)
             engine.abort(r.rid)
         for event in done.values():
             assert event.wait(30)

@@ -11,12 +11,15 @@ from vlserve.runner.model_runner import ModelRunner
 from vlserve.model.loader import load_model
 from vlserve.model.tiny import TinyModelSpec, make_tiny_model
 
+from rope_shapes import ROPE_SHAPES
+
 SHAPES = {
     "gqa-default": TinyModelSpec(),
     "mha-full": TinyModelSpec(num_kv_heads=4, vision_feature_select_strategy="full", vision_feature_layer=-1),
     "tied-headdim-rope": TinyModelSpec(tie_word_embeddings=True, head_dim=32, num_heads=2, num_kv_heads=1,
                                        rope_theta=500.0, vision_feature_layer=[-2, -1],
                                        rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    **ROPE_SHAPES,
 }
 
 

@@ -84,6 +84,15 @@ def test_pad_values_are_pseudo_tokens_per_position_and_deterministic():
     assert pad_values(digest, 0) == []
 
 
+def test_pad_values_spread_over_the_whole_pseudo_token_range():
+    """The collision bound (~n * 2**-62) needs all 62 free bits used: both halves of [2**62, 2**63)
+    are hit. Catches a shift that drops one more bit (values only in the lower half); with 576
+    positions that happens by chance with probability 2**-576."""
+    pads = pad_values(bytes(range(16)), 576)
+    middle = PSEUDO_TOKEN_MIN + 2**61
+    assert any(p < middle for p in pads) and any(p >= middle for p in pads)
+
+
 def test_is_pseudo_token_bounds():
     assert not is_pseudo_token(0)
     assert not is_pseudo_token(128_000)

@@ -257,6 +257,22 @@ def test_evicted_handle_cannot_be_locked():
         cache.lock(node)
 
 
+def test_handles_from_before_a_reset_cannot_be_locked_or_unlocked():
+    """reset() invalidates every old handle, locked or not (a handle left alive would let a request
+    lock slots that reset() already freed)."""
+    pool = FreeList()
+    cache = RadixCache(pool)
+    serve(cache, pool, [1, 2, 3])
+    held, idle = cache.match_prefix([1, 2, 3]).node, cache.match_prefix([1]).node
+    cache.lock(held)
+    cache.reset()
+    for node in (held, idle):
+        with pytest.raises(ValueError, match="no longer in the tree"):
+            cache.lock(node)
+    with pytest.raises(ValueError, match="no longer in the tree"):
+        cache.unlock(held)
+
+
 def test_reset_frees_everything():
     pool = FreeList()
     cache = RadixCache(pool)

@@ -15,8 +15,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from vlserve.engine.output import OutputAssembler
-
 
 @dataclass
 class Job:
@@ -51,6 +49,9 @@ class EngineClient:
         self.engine = engine
 
     def generate(self, jobs: list[Job]) -> list[Answer]:
+        # imported here: a client of a server (`vlserve videoqa --url`) starts without torch
+        from vlserve.engine.output import OutputAssembler
+
         start = time.monotonic()
         reqs = [self.engine.make_request(prompt=j.prompt, image_data=j.images or None,
                                          video_data=j.videos or None, sampling_params=j.sampling_params())

@@ -28,11 +28,19 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
+    """cos/sin per token. LongRoPE (Phi-3) has two frequency sets: transformers rotates a forward with
+    the long set once its sequence is longer than original_max_position_embeddings, the short set
+    otherwise; here that is decided per request, from the request's length after this forward (so a
+    request is rotated as transformers rotates it alone, unchunked, without a cached prefix)."""
+
     def __init__(self, hf_text_config, head_dim: int):
         super().__init__()
+        self.long_after = None  # LongRoPE only: a request longer than this uses long_inv_freq
         with torch.device("cpu"):  # real even when the model is built on the meta device for loading
             inv_freq = self._inv_freq(hf_text_config, head_dim)
+            long_inv_freq = self._long_inv_freq(hf_text_config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("long_inv_freq", long_inv_freq, persistent=False)
 
     def _inv_freq(self, hf_text_config, head_dim: int) -> torch.Tensor:
         rope = getattr(hf_text_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
@@ -44,8 +52,20 @@ class RotaryEmbedding(nn.Module):
             inv_freq, self.scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_text_config, "cpu")
         return inv_freq
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self.inv_freq[None, :]
+    def _long_inv_freq(self, hf_text_config) -> torch.Tensor:
+        rope = getattr(hf_text_config, "rope_parameters", None) or {}
+        if rope.get("rope_type") != "longrope":
+            return torch.empty(0)
+        self.long_after = rope["original_max_position_embeddings"]
+        return ROPE_INIT_FUNCTIONS["longrope"](hf_text_config, "cpu", seq_len=self.long_after + 1)[0]
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype,
+                seq_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [T]; seq_lens: [T], each token's request length after this forward (LongRoPE)."""
+        inv_freq = self.inv_freq[None, :]
+        if self.long_after is not None and seq_lens is not None:
+            inv_freq = torch.where((seq_lens > self.long_after)[:, None], self.long_inv_freq[None, :], inv_freq)
+        freqs = positions[:, None].float() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
 
@@ -149,7 +169,10 @@ class LlamaDecoder(nn.Module):
             layer.mlp.fuse()
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend):
-        cos, sin = self.rotary(batch.positions, hidden.dtype)
+        seq_lens = None
+        if self.rotary.long_after is not None:
+            seq_lens = torch.repeat_interleave(batch.seq_lens, batch.extend_lens, output_size=hidden.shape[0])
+        cos, sin = self.rotary(batch.positions, hidden.dtype, seq_lens)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, batch, kv, attn)
         return self.norm(hidden)

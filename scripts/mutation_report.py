@@ -1,0 +1,147 @@
+"""Markdown report of a mutmut run in a staging folder (scripts/mutation.sh): score per module and
+every surviving mutant with its file:line (in the repository's layout) and the mutated line.
+
+    python scripts/mutation_report.py STAGE OUT.md SECONDS "TESTS" MODULE.py...
+"""
+
+import ast
+import difflib
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+# mutmut's exit codes (mutmut/stats.py): a timeout is a kill (the mutant hung the tests)
+KILLED = {1: "killed", 3: "killed", 36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout"}
+STATUS = {0: "survived", 5: "no tests", 33: "no tests", None: "not checked", 34: "skipped", 37: "type check"}
+
+
+# Survivors judged equivalent (no test can tell them apart from the original), with the reason:
+# (module, text in the original line and gone from the mutated one, text in the mutated line, why). Reviewed by hand; a new
+# survivor that matches none of these is a gap to kill with a test.
+EQUIVALENT = [
+    ("vlserve/sampling/sampler.py", "dim=-1", "dim=+1", "the tensors are [B, V]: dim 1 is dim -1"),
+    ("vlserve/sampling/sampler.py", "sort(dim=-1, descending=True)", "sort(descending=True)",
+     "sort's default dim is -1"),
+    ("vlserve/sampling/sampler.py", "if not bool(greedy.all())", "bool(None)",
+     "a shortcut: with no sampled rows the sampling branch does nothing"),
+    ("vlserve/sampling/sampler.py", "dtype=logits.dtype", "[:, None]",
+     "logits are float32 (documented), the default dtype of torch.tensor of floats"),
+    ("vlserve/sampling/sampler.py", "dtype=probs.dtype", "[:, None]",
+     "probs are float32 (documented), the default dtype of torch.tensor of floats"),
+    ("vlserve/sampling/sampler.py", "p.top_k > 0", "p.top_k >= 0", "SamplingParams.validate rejects top_k = 0"),
+    ("preprocess/hashing.py", "dtype=np.int64", "tobytes()",
+     "np.asarray of Python ints is int64 on 64-bit Linux and macOS (not on Windows)"),
+    ("preprocess/hashing.py", 'cast("B")', 'cast("b")', "the same bytes reach the hash"),
+    ("preprocess/hashing.py", 'i.to_bytes(8, "little")', "to_bytes(",
+     "another injective encoding of the position: ids stay distinct and deterministic; they are never "
+     "persisted or compared across builds"),
+    ("vlserve/cache/radix_cache.py", "node.alive = False", "node.alive = None",
+     "None is falsy like False; every reader tests alive by truth value"),
+    ("vlserve/cache/radix_cache.py", "node.parent = None", 'node.parent = ""',
+     "a dead node's parent is never read (every entry point checks alive first); both drop the reference"),
+    ("vlserve/cache/radix_cache.py", "node.size > 0 and", "node.size >= 0 and",
+     "an empty edge already fails the line before (its child key is missing)"),
+]
+
+
+def equivalence(module: str, original: str, mutated: str) -> str | None:
+    for mod, a, b, why in EQUIVALENT:
+        if mod == module and a in original and b in mutated and a not in mutated:
+            return why
+    return None
+
+
+def status(code) -> str:
+    return KILLED.get(code) or STATUS.get(code, "suspicious")
+
+
+def staged(module: str) -> str:
+    return f"vlserve/{module}" if module.startswith(("kernels/", "preprocess/")) else module
+
+
+def def_lines(source: str) -> dict[str, int]:
+    """'f' or 'Class.f' -> the line of its `def` in the repository's file."""
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out[node.name] = node.lineno
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    out[f"{node.name}.{item.name}"] = item.lineno
+    return out
+
+
+def function_of(key: str) -> tuple[str, str]:
+    """'pkg.mod.xǁClsǁmeth__mutmut_3' -> ('Cls.meth', 'xǁClsǁmeth'); 'pkg.mod.x_f__mutmut_1' -> ('f', 'x_f')."""
+    mangled = key.rsplit(".", 1)[1].rsplit("__mutmut_", 1)[0]
+    if mangled.startswith("xǁ"):
+        _, cls, meth = mangled.split("ǁ")
+        return f"{cls}.{meth}", mangled
+    return mangled[2:], mangled
+
+
+def body(lines: list[str], span: list[int]) -> list[str]:
+    text = lines[span[0] - 1: span[1]]
+    start = next(i for i, line in enumerate(text) if line.lstrip().startswith(("def ", "async def ")))
+    return text[start:]
+
+
+def survivors(stage: Path, module: str, codes: dict) -> list[tuple[int, str, str, str]]:
+    """(line, function, original line, mutated line) of every mutant that no test killed."""
+    mutated = (stage / "mutants" / staged(module)).read_text().splitlines()
+    spans = json.loads((stage / "mutants" / (staged(module) + ".spans")).read_text())["spans"]
+    defs = def_lines(Path(module).read_text())
+    out = []
+    for key, code in codes.items():
+        if status(code) not in ("survived", "no tests", "suspicious"):
+            continue
+        func, mangled = function_of(key)
+        name = key.rsplit(".", 1)[1]
+        # bodies without the `def` line, whose name differs in every mutant
+        orig, mut = body(mutated, spans[f"{mangled}__mutmut_orig"])[1:], body(mutated, spans[name])[1:]
+        diff = [op for op in difflib.SequenceMatcher(a=orig, b=mut).get_opcodes() if op[0] != "equal"]
+        if not diff:
+            continue
+        _, i1, i2, j1, j2 = diff[0]
+        line = defs.get(func, 0) + 1 + i1
+        out.append((line, f"{func} ({status(code)})", " / ".join(s.strip() for s in orig[i1:i2]),
+                    " / ".join(s.strip() for s in mut[j1:j2])))
+    return sorted(out)
+
+
+def main() -> None:
+    stage, out, seconds, tests, modules = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+    md = ["# Mutation testing", "",
+          f"`scripts/mutation.sh {' '.join(modules)}` (mutmut; {int(seconds) // 60} min {int(seconds) % 60} s), "
+          f"tests: `{tests}`.", "",
+          "Score = (killed + timeout) / checked; \"no tests\" (no selected test calls the function) counts "
+          "as surviving. Each survivor is listed with the repository file:line and the mutated line.", "",
+          "| module | mutants | checked | killed | timeout | survived | of them equivalent | no tests | not checked "
+          "| score | score without equivalents |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    details = []
+    for module in modules:
+        meta = stage / "mutants" / (staged(module) + ".meta")
+        codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+        n = Counter(status(c) for c in codes.values())
+        checked = sum(n.values()) - n["not checked"]
+        rows = survivors(stage, module, codes) if codes else []
+        why = [equivalence(module, a, b) for _, _, a, b in rows]
+        equivalent = sum(w is not None for w in why)
+        killed = n["killed"] + n["timeout"]
+        score = f"{killed / checked:.1%}" if checked else "n/a"
+        adjusted = f"{killed / (checked - equivalent):.1%}" if checked > equivalent else "n/a"
+        md.append(f"| {module} | {len(codes)} | {checked} | {n['killed']} | {n['timeout']} | "
+                  f"{n['survived'] + n['suspicious']} | {equivalent} | {n['no tests']} | {n['not checked']} "
+                  f"| {score} | {adjusted} |")
+        details += ["", f"## {module}: {len(rows)} surviving, {equivalent} of them equivalent", ""]
+        details += [f"- `{module}:{line}` {func}: `{a}` → `{b}`" + (f" — equivalent: {w}" if w else " — **not killed**")
+                    for (line, func, a, b), w in zip(rows, why)] or ["(none)"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(md + details) + "\n")
+
+
+if __name__ == "__main__":
+    main()
