@@ -44,7 +44,7 @@ DECODE_LENS = [1, 31, 32, 33, 100, 7]
 
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4), (6, 1)], ids=["gqa4", "mha", "mqa6"])
-@pytest.mark.parametrize("head_dim", [64, 128, 40])
+@pytest.mark.parametrize("head_dim", [64, 128, 40, 20])  # 20: not a whole number of vectors
 def test_decode_matches_reference(page_size, heads, head_dim, threads):
     batch = random_paged_batch(DECODE_LENS, None, *heads, head_dim, torch.float32, page_size, seed=head_dim)
     out = batch.decode(decode_attention_cpu)
