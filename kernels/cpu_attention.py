@@ -67,7 +67,7 @@ def cpu_attention_error() -> str | None:
 def decode_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, sm_scale,
                          num_kv_splits=None) -> None:
     """o[b] = attention of q[b] over tokens 0..seq_lens[b]-1 of request req_pool_indices[b]."""
-    op = cpu_attention_op()
+    op = cpu_attention_op() if q.is_cpu else None  # the kernel is CPU-only; elsewhere the references run
     if op is None:
         return decode_attention_ref(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, sm_scale)
     check_decode_args(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens)
@@ -80,7 +80,7 @@ def extend_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indice
                          qo_start_loc, sm_scale) -> None:
     """Request b's new tokens q[qo_start_loc[b] : + extend_lens[b]] attend to its cached prefix and
     causally to themselves."""
-    op = cpu_attention_op()
+    op = cpu_attention_op() if q.is_cpu else None
     if op is None:
         return extend_attention_ref(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens,
                                     extend_lens, qo_start_loc, sm_scale)
