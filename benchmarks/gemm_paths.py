@@ -11,9 +11,11 @@ in alternating order, `--repeats` times; the table gives the median GFLOP/s and 
 to mkl in the same run.
 
     python benchmarks/gemm_paths.py --threads 2 --out benchmarks/results/gemm_paths.md
+    python benchmarks/gemm_paths.py --threads 1 --clock cpu --out benchmarks/results/gemm_paths_cpu1.md
 """
 
 import argparse
+import os
 import statistics
 import time
 
@@ -47,13 +49,17 @@ def make_paths(w: torch.Tensor, rows: int) -> dict:
     return paths
 
 
+CLOCK = [time.perf_counter]  # --clock cpu: time.process_time (see benchmarks/per_token.py)
+
+
 def time_call(fn, x, min_seconds: float) -> float:
     fn(x)
-    n, start = 0, time.perf_counter()
+    clock = CLOCK[0]
+    n, start = 0, clock()
     while True:
         fn(x)
         n += 1
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         if elapsed >= min_seconds:
             return elapsed / n
 
@@ -106,14 +112,18 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--min-seconds", type=float, default=0.2)
     ap.add_argument("--layers", nargs="+", default=list(SHAPES))
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: process CPU time, for a machine shared with other jobs (use with --threads 1)")
     ap.add_argument("--out", default="benchmarks/results/gemm_paths.md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    CLOCK[0] = time.perf_counter if args.clock == "wall" else time.process_time
     for name in list(SHAPES):
         if name not in args.layers:
             del SHAPES[name]
     results = measure(args.rows, args.repeats, args.min_seconds)
-    text = (f"GEMM paths, torch {torch.__version__}, {args.threads} threads, CPU capability "
+    text = (f"GEMM paths, torch {torch.__version__}, {args.threads} threads, {args.clock} clock, "
+            f"load average {os.getloadavg()[0]:.1f}, CPU capability "
             f"{torch.backends.cpu.get_cpu_capability()}, oneDNN bf16 supported: "
             f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}\n\n" + table(results) + "\n")
     write_report(args.out, text)

@@ -9,10 +9,14 @@ Configurations (same checkpoint, same threads, same requests):
 Each run drives the ModelRunner directly (no scheduler): B requests of --prompt new tokens each
 (half of them behind a cached prefix of --prefix tokens when --prefix > 0), prefilled in one
 forward, then --steps decode forwards of B tokens. Batch building is inside the timed region (it is
-part of every step). Configurations run in turn, in alternating order, --repeats times; the table
+part of every step). --clock cpu times with the process's CPU time instead of the wall clock: on a
+machine shared with other jobs, use it with --threads 1 (CPU time then excludes the time the
+process waits for a core, which the wall clock counts and other jobs decide). Configurations run
+in turn, in alternating order, --repeats times; the table
 gives medians and after/before ratios from the same run.
 
     python benchmarks/per_token.py --threads 2 --out benchmarks/results/per_token.md
+    python benchmarks/per_token.py --threads 1 --clock cpu --out benchmarks/results/per_token_cpu1.md
 """
 
 import argparse
@@ -40,7 +44,8 @@ CONFIGS = {
 class Harness:
     """One loaded model and runner; runs a prefill + decode of a batch and times both."""
 
-    def __init__(self, model_dir: str, config: dict, max_batch: int, context: int):
+    def __init__(self, model_dir: str, config: dict, max_batch: int, context: int, clock=time.perf_counter):
+        self.clock = clock
         loaded = load_model(model_dir, dtype=config["dtype"], cpu_gemm=config["cpu_gemm"])
         self.runner = ModelRunner(loaded, MemoryConfig(max_total_tokens=max_batch * context + 64, page_size=1,
                                                        max_running_requests=max_batch + 1, max_context_len=context),
@@ -72,15 +77,15 @@ class Harness:
             if cached:
                 self._forward(cached)
             ids = [torch.randint(5, vocab, (prompt,), generator=gen).tolist() for _ in rows]
-            start = time.perf_counter()
+            start = self.clock()
             logits = self._forward([self._slice(r, p, i) for r, p, i in zip(rows, prefixes, ids)])
-            prefill = time.perf_counter() - start
+            prefill = self.clock() - start
             lens = [p + prompt for p in prefixes]
-            start = time.perf_counter()
+            start = self.clock()
             for step in range(steps):
                 nxt = logits.argmax(-1).tolist()  # one host sync per step, as the engine's sampler
                 logits = self._forward([self._slice(r, n + step, [t]) for r, n, t in zip(rows, lens, nxt)])
-            decode = time.perf_counter() - start
+            decode = self.clock() - start
             return prefill, decode
         finally:
             for r in rows:
@@ -97,6 +102,7 @@ def main():
     ap.add_argument("--steps", type=int, default=16, help="decode steps")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--configs", default="before,after,after-bf16")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     ap.add_argument("--model", help="checkpoint dir (default: BENCH_SPEC under /tmp/vlserve-bench-models/bench)")
     ap.add_argument("--out", default="benchmarks/results/per_token.md")
     args = ap.parse_args()
@@ -104,7 +110,8 @@ def main():
     model_dir = args.model or bench_model("/tmp/vlserve-bench-models/bench", BENCH_SPEC)
     names = args.configs.split(",")
     context = args.prefix + args.prompt + args.steps + 8
-    harnesses = {n: Harness(model_dir, CONFIGS[n], max(args.batches), context) for n in names}
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    harnesses = {n: Harness(model_dir, CONFIGS[n], max(args.batches), context, clock) for n in names}
     for h in harnesses.values():  # warm-up: first calls build kernels and oneDNN primitives
         h.run(2, 16, 8, 2, seed=99)
     results = {n: {b: {"prefill": [], "decode": []} for b in args.batches} for n in names}
@@ -125,7 +132,7 @@ def main():
 def report(results: dict, args, names: list[str]) -> str:
     med = {n: {b: {k: statistics.median(v) for k, v in r.items()} for b, r in rs.items()} for n, rs in results.items()}
     head = (f"Per computed token, BENCH_SPEC, torch {torch.__version__}, {args.threads} threads, "
-            f"{platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()}), "
+            f"{platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()}), {args.clock} clock, "
             f"load average at the end {os.getloadavg()[0]:.1f}; prompt {args.prompt} new tokens "
             f"(every second request behind a cached {args.prefix}-token prefix), {args.steps} decode steps, "
             f"median of {args.repeats}.\n\n")
