@@ -157,8 +157,8 @@ void load_tile(const Problem& pb, const T* k_buffer, const T* v_buffer, const in
   for (int64_t j = j0 + kKeyTile; j < next_end; ++j) {
     const int64_t base = static_cast<int64_t>(slots[j]) * pb.slot_stride + kv_head * D;
     for (int64_t d = 0; d < D; d += 64 / sizeof(T)) {
-      __builtin_prefetch(k_buffer + base + d);
-      __builtin_prefetch(v_buffer + base + d);
+      __builtin_prefetch(k_buffer + base + d, 0, 2);  // into L2: a whole tile would crowd L1
+      __builtin_prefetch(v_buffer + base + d, 0, 2);
     }
   }
   for (int j = 0; j < kKeyTile; ++j) {
