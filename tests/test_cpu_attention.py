@@ -122,3 +122,17 @@ def test_falls_back_to_the_reference_with_a_warning_when_it_cannot_build(monkeyp
     assert any("could not be built" in str(w.message) and "no C++ compiler" in str(w.message) for w in caught)
     assert cpu_attention.cpu_attention_error() is not None
     assert torch.equal(out, batch.extend(extend_attention_ref))
+
+
+def test_the_op_checks_shapes_itself():
+    # Called directly (not through the wrappers' checks), mismatched metadata must raise too.
+    batch = random_paged_batch([10, 20], [2, 3], 4, 2, 64, torch.float32, seed=1)
+    o = torch.empty_like(batch.q)
+    op = cpu_attention_op()
+    with pytest.raises(RuntimeError, match="one length"):
+        op(batch.q, batch.k_buffer, batch.v_buffer, o, batch.req_to_token, batch.req_pool_indices,
+           batch.seq_lens[:1], batch.extend_lens, batch.qo_start_loc, batch.sm_scale)
+    q3 = batch.q[:, :3].contiguous()  # 3 q heads over 2 kv heads
+    with pytest.raises(RuntimeError, match="multiple of num_kv_heads"):
+        op(q3, batch.k_buffer, batch.v_buffer, torch.empty_like(q3), batch.req_to_token,
+           batch.req_pool_indices, batch.seq_lens, batch.extend_lens, batch.qo_start_loc, batch.sm_scale)

@@ -409,6 +409,17 @@ void paged_attention(const at::Tensor& q_in, const at::Tensor& k_buffer, const a
   TORCH_CHECK(k_buffer.scalar_type() == q_in.scalar_type() && v_buffer.scalar_type() == q_in.scalar_type() &&
                   o.scalar_type() == q_in.scalar_type(),
               "q, o, k_buffer, v_buffer must share one dtype");
+  TORCH_CHECK(q_in.dim() == 3 && k_buffer.dim() == 3 && v_buffer.sizes() == k_buffer.sizes() &&
+                  o.sizes() == q_in.sizes() && k_buffer.size(2) == q_in.size(2),
+              "need q, o [tokens, q_heads, D] and k_buffer, v_buffer [slots, kv_heads, D]");
+  TORCH_CHECK(k_buffer.size(1) > 0 && q_in.size(1) % k_buffer.size(1) == 0,
+              "num_q_heads must be a multiple of num_kv_heads");
+  const int64_t batch = req_pool_indices.numel();
+  TORCH_CHECK(req_to_token_in.dim() == 2, "req_to_token must be 2-D");
+  for (const at::Tensor* t : {&req_pool_indices, &seq_lens, &extend_lens, &qo_start_loc}) {
+    TORCH_CHECK(t->dim() == 1 && t->numel() == batch,
+                "req_pool_indices, seq_lens, extend_lens, qo_start_loc must be 1-D of one length");
+  }
   const at::Tensor q = q_in.contiguous();
   const at::Tensor req_to_token = req_to_token_in.to(at::kInt).contiguous();
   const at::Tensor rows = req_pool_indices.to(at::kLong).contiguous();
