@@ -3,6 +3,8 @@
 - decode_attention / extend_attention: Triton kernels (imported on first use, so that importing this
   package never needs triton, and TRITON_INTERPRET set later still takes effect).
 - decode_attention_ref / extend_attention_ref: PyTorch references with the same signatures.
+- decode_attention_cpu / extend_attention_cpu: one batched C++ call for the whole batch on the CPU
+  (cpu_attention.py; built on first use, the references where it cannot be built).
 - triton_available(): whether the Triton kernels can run here.
 """
 
@@ -11,10 +13,11 @@ import os
 import sys
 import types
 
+from .cpu_attention import decode_attention_cpu, extend_attention_cpu
 from .reference import decode_attention_ref, extend_attention_ref
 
-__all__ = ["decode_attention", "extend_attention", "decode_attention_ref", "extend_attention_ref",
-           "triton_available"]
+__all__ = ["decode_attention", "extend_attention", "decode_attention_cpu", "extend_attention_cpu",
+           "decode_attention_ref", "extend_attention_ref", "triton_available"]
 
 _TRITON_KERNELS = {"decode_attention": ".decode_attention", "extend_attention": ".extend_attention"}
 

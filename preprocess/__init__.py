@@ -2,6 +2,7 @@
 
 from .errors import MediaError
 from .hashing import PSEUDO_TOKEN_END, PSEUDO_TOKEN_MIN, content_hash, is_pseudo_token, pad_values
+from .image_cache import ProcessedImageCache
 from .image_loader import IMAGE_FORMATS, decode_image, load_image, to_rgb
 from .limits import MediaLimits, check_image_count
 from .prepare import ProcessedImage, prepare_image, prepare_video, process_image
@@ -12,6 +13,7 @@ from .video import DEFAULT_NUM_FRAMES, SampledVideo, VideoInfo, load_video, read
 __all__ = [
     "DEFAULT_NUM_FRAMES", "IMAGE_FORMATS", "OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD", "PSEUDO_TOKEN_END",
     "PSEUDO_TOKEN_MIN", "ImageProcessing", "MediaError", "MediaLimits", "MediaSource", "ProcessedImage",
+    "ProcessedImageCache",
     "SampledVideo", "VideoInfo", "check_image_count", "content_hash", "decode_image", "is_pseudo_token",
     "load_image", "load_video", "pad_values", "prepare_image", "prepare_video", "process_image",
     "read_source_bytes", "read_video", "sample_indices", "to_rgb",

@@ -3,10 +3,7 @@
 import pytest
 import torch
 
-from vlserve.core.forward_batch import ExtendSlice, build_forward_batch
-from vlserve.core.config import MemoryConfig
-from vlserve.memory.pools import KVMemory, KVShape
-from vlserve.metrics import Metrics
+from runner_helpers import batched_logits
 from vlserve.runner.model_runner import ModelRunner
 from vlserve.model.loader import load_model
 from vlserve.model.tiny import TinyModelSpec, make_tiny_model
@@ -70,34 +67,8 @@ def test_prefill_and_decode_logits_match_transformers(checkpoint, page_size):
     prompts = _prompts(cfg, cfg.text.vocab_size, gen)
     pixels = [torch.randn(k, 3, cfg.image_size, cfg.image_size, generator=gen) if k else None for _, k in prompts]
     steps = 32
-    t = cfg.text
-    memory = KVMemory.create(KVShape(t.num_layers, t.num_kv_heads, t.head_dim, cfg.dtype),
-                             MemoryConfig(max_total_tokens=1024, page_size=page_size, max_running_requests=8,
-                                          context_length=256))
-    runner = ModelRunner(loaded, memory, "torch", Metrics(), vision_cache_mb=0)
-    rows = [memory.req_to_token.alloc() for _ in prompts]
-
-    def slice_for(i, prefix_len, ids, embeds=None, image_rows=()):
-        last = memory.req_to_token.table[rows[i], prefix_len - 1].item() if prefix_len else -1
-        slots = memory.allocator.alloc_extend(last, prefix_len, len(ids))
-        memory.req_to_token.write(rows[i], prefix_len, slots)
-        return ExtendSlice(rows[i], prefix_len, ids, slots, embeds, list(image_rows))
-
-    slices = []
-    for i, ((ids, k), px) in enumerate(zip(prompts, pixels)):
-        image_rows = [j for j, t in enumerate(ids) if t == cfg.image_token_id]
-        embeds = runner.encode_images(px).reshape(-1, cfg.text.hidden_size) if k else None
-        slices.append(slice_for(i, 0, ids, embeds, image_rows))
-    native = [[] for _ in prompts]
-    logits = runner.forward(build_forward_batch(slices, memory.req_to_token.table, runner.vocab_size))
-    lens = [len(ids) for ids, _ in prompts]
-    for step in range(steps + 1):
-        for i in range(len(prompts)):
-            native[i].append(logits[i])
-        if step == steps:
-            break
-        nxt = [slice_for(i, lens[i] + step, [int(logits[i].argmax())]) for i in range(len(prompts))]
-        logits = runner.forward(build_forward_batch(nxt, memory.req_to_token.table, runner.vocab_size))
+    runner = ModelRunner.standalone(loaded, max_total_tokens=1024, page_size=page_size)
+    native = batched_logits(runner, cfg, prompts, pixels, steps, lambda step, logits: [int(l.argmax()) for l in logits])
 
     for i, ((ids, _), px) in enumerate(zip(prompts, pixels)):
         ref = _hf_greedy(hf, ids, px, steps)

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
-ATTENTION_BACKENDS = ("torch", "triton")
+ATTENTION_BACKENDS = ("torch", "triton", "reference")  # reference: the per-request PyTorch loop, for comparisons
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 METRICS_NAMES = ("vlserve", "vllm", "sglang")
 BUILTIN_MODEL_NAME = "vlserve-builtin"
@@ -50,7 +50,8 @@ class EngineArgs(CLIArgs):
                                                "the one answers and metrics carry (default: the model directory's name)")
     schedule_policy: str = _opt("lpm", choices=SCHEDULE_POLICIES)
     disable_radix_cache: bool = False
-    attention_backend: str | None = _opt(None, "default: triton with CUDA, else torch", ATTENTION_BACKENDS)
+    attention_backend: str | None = _opt(None, "default: triton with CUDA, else torch (the batched CPU kernel)",
+                                         ATTENTION_BACKENDS)
     max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: --mem-fraction-static of free memory)")
     mem_fraction_static: float = _opt(0.3, "share of free memory (GPU, else host) the KV pool takes when "
                                            "--max-total-tokens is not given")

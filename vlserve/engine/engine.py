@@ -27,7 +27,8 @@ from vlserve.metrics import Metrics
 from vlserve.model.attention import default_backend_name
 from vlserve.model.builtin import builtin_model_path
 from vlserve.model.loader import load_model
-from vlserve.preprocess import DEFAULT_NUM_FRAMES, ImageProcessing, MediaLimits
+from vlserve.model.cpu_threads import configure_compute_threads, media_workers
+from vlserve.preprocess import DEFAULT_NUM_FRAMES, ImageProcessing, MediaLimits, ProcessedImageCache
 from vlserve.runner.model_runner import ModelRunner
 from vlserve.scheduler.finish import FinishChecker
 from vlserve.scheduler.scheduler import Scheduler
@@ -36,8 +37,7 @@ from vlserve.scheduler.scheduler import Scheduler
 class Engine:
     def __init__(self, model: str | None = None, **kwargs):
         self.args = args = EngineArgs(model=model, **kwargs)
-        if args.num_threads:
-            torch.set_num_threads(args.num_threads)
+        threads = configure_compute_threads(args.num_threads)
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.loaded = load_model(args.model or builtin_model_path(), dtype=args.dtype, device=device)
         self.tokenizer = self.loaded.tokenizer
@@ -58,8 +58,8 @@ class Engine:
                         allowed_media_domains=tuple(h.strip() for h in (args.allowed_media_domains or "").split(",")
                                                     if h.strip())),
             args.video_frames or DEFAULT_NUM_FRAMES, self.context_len, self.memory.allocator.capacity,
-            ConstraintCompiler(self.tokenizer))
-        self.media_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vlserve-media")
+            ConstraintCompiler(self.tokenizer), ProcessedImageCache())
+        self.media_pool = ThreadPoolExecutor(max_workers=media_workers(threads), thread_name_prefix="vlserve-media")
         self.draining = False  # set by drain(): no new request is accepted
         self.stats_log = StatsLog(self.metrics, self.pool_state,
                                   lambda: (len(self.scheduler.running), len(self.scheduler.waiting)), args.log_stats_interval)

@@ -15,7 +15,7 @@ from vlserve.core.request import Req
 from vlserve.core.sampling_params import SamplingParams
 from vlserve.engine.prompt import PromptMedia, expand_image_tokens, expand_text, tokenize_text
 from vlserve.model.config import ModelConfig
-from vlserve.preprocess import ImageProcessing, MediaLimits, check_image_count, prepare_image, prepare_video
+from vlserve.preprocess import ImageProcessing, MediaLimits, ProcessedImageCache, check_image_count, prepare_video
 
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
@@ -31,6 +31,7 @@ class RequestBuilder:
     context_len: int
     pool_capacity: int  # KV slots in the pool: no request may need more
     compiler: ConstraintCompiler
+    image_cache: ProcessedImageCache  # the same upload again skips decode, resize and hashing
 
     def build(self, prompt: str | None = None, input_ids: list[int] | None = None,
               image_data: list | None = None, video_data: list | None = None,
@@ -69,7 +70,7 @@ class RequestBuilder:
     def _tokens(self, prompt, input_ids, image_data, video_data, video_num_frames, video_fps):
         """Token ids (one image token per image or frame) and the processed images in their order."""
         check_image_count(len(image_data), self.limits)
-        images = [prepare_image(src, self.processing, self.limits) for src in image_data]
+        images = [self.image_cache.prepare_image(src, self.processing, self.limits) for src in image_data]
         frames_kw = ({"fps": video_fps} if video_fps is not None and video_num_frames is None
                      else {"num_frames": video_num_frames or (None if video_fps else self.video_frames), "fps": video_fps})
         videos = [prepare_video(src, self.processing, self.limits, **frames_kw) for src in video_data]

@@ -1,8 +1,10 @@
 """Attention backends: how a decoder layer attends over the paged KV pool.
 
-Both read every key and value through req_to_token (the new tokens' KV is written to the pool
-before attention runs). `torch` runs the PyTorch references and is the default without CUDA;
-`triton` runs the paged Triton kernels.
+All read every key and value through req_to_token (the new tokens' KV is written to the pool
+before attention runs). `torch` is the default without CUDA: one batched C++ call per layer
+(kernels/cpu_attention.py), built on first use, falling back to the references where it cannot be
+built. `reference` runs the per-request PyTorch references (for comparisons); `triton` runs the
+paged Triton kernels.
 """
 
 import torch
@@ -15,6 +17,11 @@ class AttentionBackend:
         from vlserve import kernels
 
         if name == "torch":
+            from vlserve.kernels import cpu_attention
+
+            cpu_attention.cpu_attention_op()  # build (first use) or load it now, not in the first forward
+            self._decode, self._extend = cpu_attention.decode_attention_cpu, cpu_attention.extend_attention_cpu
+        elif name == "reference":
             self._decode, self._extend = kernels.decode_attention_ref, kernels.extend_attention_ref
         elif name == "triton":
             if not kernels.triton_available():
@@ -22,7 +29,7 @@ class AttentionBackend:
                                  "(or TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter)")
             self._decode, self._extend = kernels.decode_attention, kernels.extend_attention
         else:
-            raise ValueError(f"unknown attention backend {name!r}; use 'torch' or 'triton'")
+            raise ValueError(f"unknown attention backend {name!r}; use 'torch', 'reference' or 'triton'")
         self.name = name
 
     def forward(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,

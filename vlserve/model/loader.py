@@ -7,6 +7,7 @@ without the `vision_model` level; `model.language_model.*` / `lm_head.*`).
 """
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,10 @@ from safetensors import safe_open
 
 from vlserve.core.errors import CheckpointError
 from vlserve.model.config import ModelConfig, model_config_from_hf, parse_dtype
+from vlserve.model.cpu_gemm import native_bf16, native_fp16, use_cpu_gemm
 from vlserve.model.llava import LlavaForServing
+
+log = logging.getLogger(__name__)
 
 WEIGHT_FILE = "model.safetensors"
 WEIGHT_INDEX = "model.safetensors.index.json"
@@ -47,6 +51,7 @@ class LoadedModel:
     tokenizer: Any  # transformers PreTrainedTokenizerFast
     processor_config: dict  # preprocessor_config.json
     hf_config: Any
+    dtype_note: str = ""  # how the dtype was chosen (said at start-up)
 
 
 def native_key(key: str) -> str | None:
@@ -92,7 +97,10 @@ def read_state_dict(files: list[str], dtype: torch.dtype) -> dict[str, torch.Ten
     return state
 
 
-def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = "cpu") -> LoadedModel:
+def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = "cpu",
+               cpu_gemm: bool = True) -> LoadedModel:
+    """dtype: None (the checkpoint's), "auto" (see resolve_dtype) or a dtype name. cpu_gemm=False keeps
+    plain F.linear on the CPU (for before/after comparisons)."""
     from transformers import AutoConfig, AutoTokenizer
 
     files = check_checkpoint_dir(path)
@@ -101,8 +109,9 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
     except (ValueError, KeyError, OSError) as e:
         raise CheckpointError(f"{path}: config.json could not be read: {e}") from e
     cfg = model_config_from_hf(hf_config)
-    if dtype is not None:
-        cfg = _with_dtype(cfg, parse_dtype(dtype))
+    chosen, note = resolve_dtype(dtype, cfg.dtype, device)
+    cfg = _with_dtype(cfg, chosen)
+    log.info("dtype: %s", note)
     with torch.device("meta"):
         model = LlavaForServing(cfg)
     state = read_state_dict(files, cfg.dtype)
@@ -119,11 +128,40 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
     _materialise_buffers(model, cfg)
     model.language_model.fuse_projections()
     model = model.to(device).eval()
+    if cpu_gemm and torch.device(device).type == "cpu":
+        use_cpu_gemm(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if not getattr(tokenizer, "chat_template", None):  # the processor's chat_template.json, as AutoProcessor reads it
         tokenizer.chat_template = _json(path, "chat_template.json").get("chat_template")
     processor_config = _json(path, PROCESSOR_FILE) or _json(path, PROCESSOR_FALLBACK)["image_processor"]
-    return LoadedModel(path, cfg, model, tokenizer, processor_config, hf_config)
+    return LoadedModel(path, cfg, model, tokenizer, processor_config, hf_config, note)
+
+
+def resolve_dtype(requested: str | torch.dtype | None, checkpoint: torch.dtype,
+                  device: str | torch.device = "cpu") -> tuple[torch.dtype, str]:
+    """The dtype to run in, and a sentence saying why.
+
+    None: the checkpoint's. An explicit dtype: that one. "auto": the checkpoint's on a GPU; on the
+    CPU, fp32 stays fp32, and a half-precision checkpoint keeps its dtype only where oneDNN has
+    native kernels for it (AVX512_BF16 / AMX, AVX512_FP16) — elsewhere torch's half-precision GEMMs
+    measured 3-6x slower than fp32 at prefill sizes (benchmarks/gemm_paths.py), so it runs in fp32.
+    """
+    if requested is None:
+        return checkpoint, f"{_name(checkpoint)} (the checkpoint's)"
+    if requested != "auto":
+        chosen = parse_dtype(requested)
+        return chosen, f"{_name(chosen)} (requested)"
+    if torch.device(device).type != "cpu" or checkpoint == torch.float32:
+        return checkpoint, f"auto -> {_name(checkpoint)} (the checkpoint's)"
+    native = {torch.bfloat16: native_bf16, torch.float16: native_fp16}[checkpoint]()
+    if native:
+        return checkpoint, f"auto -> {_name(checkpoint)} (the checkpoint's; this CPU has native {_name(checkpoint)} GEMMs)"
+    return torch.float32, (f"auto -> float32 (checkpoint is {_name(checkpoint)}, but this CPU has no native "
+                           f"{_name(checkpoint)} GEMM kernels, so fp32 is faster; --dtype {_name(checkpoint)} forces it)")
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def _json(path: str, name: str) -> dict:

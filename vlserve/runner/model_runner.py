@@ -5,7 +5,8 @@ import torch
 from vlserve.cache.vision_cache import VisionEmbeddingCache
 from vlserve.core.forward_batch import ForwardBatch, ForwardMode, build_forward_batch
 from vlserve.core.step import PlannedExtend, StepResult
-from vlserve.memory.pools import KVMemory
+from vlserve.core.config import MemoryConfig
+from vlserve.memory.pools import KVMemory, KVShape
 from vlserve.metrics import Metrics
 from vlserve.model.attention import AttentionBackend
 from vlserve.model.loader import LoadedModel
@@ -26,6 +27,18 @@ class ModelRunner:
         self.attention = AttentionBackend(attention_backend)
         self.metrics = metrics
         self.embedder = ImageEmbedder(self.encode_images, VisionEmbeddingCache(vision_cache_mb), metrics)
+
+    @classmethod
+    def standalone(cls, loaded: LoadedModel, max_total_tokens: int, page_size: int = 1, max_running_requests: int = 8,
+                   context_length: int = 256, attention_backend: str = "torch") -> "ModelRunner":
+        """A runner with memory and metrics of its own, to drive the model without a scheduler (tests that
+        compare it with transformers, per-token benchmarks). Rows and slots: runner.memory."""
+        t = loaded.config.text
+        memory = KVMemory.create(KVShape(t.num_layers, t.num_kv_heads, t.head_dim, loaded.config.dtype),
+                                 MemoryConfig(max_total_tokens=max_total_tokens, page_size=page_size,
+                                              max_running_requests=max_running_requests, context_length=context_length),
+                                 next(loaded.model.parameters()).device)
+        return cls(loaded, memory, attention_backend, Metrics(), vision_cache_mb=0)
 
     def run(self, plan: list[PlannedExtend]) -> StepResult:
         embeds = self.embedder.prepare([(p.req, p.req.kv_len, p.req.kv_len + p.num_tokens)

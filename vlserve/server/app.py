@@ -74,7 +74,7 @@ def run_server(args: ServerArgs) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = make_engine(args)
-    log.info("serving %s on http://%s:%d", args.model_name(), args.host, args.port)
+    log.info("serving %s on http://%s:%d (dtype %s)", args.model_name(), args.host, args.port, engine.loaded.dtype_note)
     config = uvicorn.Config(build_app(engine, args), host=args.host, port=args.port, log_level=args.log_level.lower())
     try:
         GracefulServer(config, engine, args.shutdown_timeout).run()

@@ -1,0 +1,64 @@
+"""The batched CPU paged-attention kernel against the per-request references, at BENCH_SPEC's heads
+(16 q heads, 4 kv heads, head_dim 64), on random paged batches (page size 1: slots scattered).
+
+Times are the median of --repeats of the process's CPU time (1 thread by default: robust on a
+shared machine). Decode: GB/s of K and V read; extend: GFLOP/s of the attention maths.
+
+    python benchmarks/cpu_attention.py --out benchmarks/results/cpu_attention.md
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from vlserve.bench.report import write_report
+from vlserve.kernels import decode_attention_cpu, decode_attention_ref, extend_attention_cpu, extend_attention_ref
+from vlserve.kernels.paged_batch import random_paged_batch
+
+DECODE = [(1, 300), (8, 300), (32, 300), (32, 1000)]  # (batch, context)
+EXTEND = [([287], [287]), ([287] * 8, [30] * 8), ([500] * 2, [500] * 2)]  # (seq_lens, extend_lens)
+
+
+def cpu_ms(fn, repeats: int, calls: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        for _ in range(calls):
+            fn()
+        times.append((time.process_time() - start) / calls * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default="benchmarks/results/cpu_attention.md")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    lines = [f"CPU paged attention, {args.threads} thread(s), process CPU time, median of {args.repeats}.", "",
+             "| dtype | case | reference ms | batched kernel ms | speed-up | kernel throughput |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for dtype in (torch.float32, torch.bfloat16):
+        for batch, context in DECODE:
+            b = random_paged_batch([context] * batch, None, 16, 4, 64, dtype, 1, seed=0)
+            ref = cpu_ms(lambda: b.decode(decode_attention_ref), args.repeats, 5)
+            new = cpu_ms(lambda: b.decode(decode_attention_cpu), args.repeats, 5)
+            gbs = batch * context * 4 * 64 * 2 * b.k_buffer.element_size() / new / 1e6
+            lines.append(f"| {str(dtype)[6:]} | decode {batch} x {context} | {ref:.2f} | {new:.2f} | "
+                         f"{ref / new:.1f}x | {gbs:.1f} GB/s |")
+        for seq_lens, extend_lens in EXTEND:
+            b = random_paged_batch(seq_lens, extend_lens, 16, 4, 64, dtype, 1, seed=0)
+            ref = cpu_ms(lambda: b.extend(extend_attention_ref), args.repeats, 2)
+            new = cpu_ms(lambda: b.extend(extend_attention_cpu), args.repeats, 2)
+            flops = sum(4 * e * (s - e / 2) * 64 * 16 for s, e in zip(seq_lens, extend_lens))
+            lines.append(f"| {str(dtype)[6:]} | extend {len(seq_lens)} x {extend_lens[0]} new of {seq_lens[0]} | "
+                         f"{ref:.2f} | {new:.2f} | {ref / new:.1f}x | {flops / new / 1e6:.1f} GFLOP/s |")
+    write_report(args.out, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Batched paged attention on the CPU: one C++ call per layer for a whole decode or extend batch.
+
+Same signatures as the references (reference.py), which loop over requests, gather each one's KV
+out of the pool and call SDPA; this reads KV through req_to_token in place, GQA-aware, with an
+online softmax in fp32 (csrc/paged_attention_cpu.cpp). The C++ builds on first use through
+torch.utils.cpp_extension (about a minute, then cached); where it cannot be built (no compiler),
+a warning says why, once, and the references run instead.
+"""
+
+import hashlib
+import os
+import platform
+import threading
+import warnings
+
+import torch
+
+from .reference import decode_attention_ref, extend_attention_ref
+from .validate import check_decode_args, check_extend_args
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "paged_attention_cpu.cpp")
+_lock = threading.Lock()
+_loaded: dict[str, object] = {}  # "op": the torch op, or "error": why it could not be built
+
+
+def _extension_name() -> str:
+    # Built with -march=native: the name carries the CPU's flags, so a build directory shared
+    # between different machines never hands one a binary for the other.
+    flags = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), flags)
+    except OSError:
+        pass
+    return "vlserve_cpu_attention_" + hashlib.sha1(flags.encode()).hexdigest()[:10]
+
+
+def _build():
+    from torch.utils.cpp_extension import load
+
+    load(name=_extension_name(), sources=[_SOURCE], extra_cflags=["-O3", "-march=native"],
+         is_python_module=False, verbose=False)
+    return torch.ops.vlserve_cpu.paged_attention
+
+
+def cpu_attention_op():
+    """The compiled op, or None (after one warning) when it cannot be built here."""
+    if "op" in _loaded or "error" in _loaded:
+        return _loaded.get("op")
+    with _lock:
+        if "op" not in _loaded and "error" not in _loaded:
+            try:
+                _loaded["op"] = _build()
+            except Exception as e:  # no compiler, no headers, a failed build: all mean "fall back"
+                _loaded["error"] = f"{type(e).__name__}: {e}"
+                warnings.warn("vlserve: the batched CPU attention kernel could not be built "
+                              f"({_loaded['error'][:300]}); using the slower per-request PyTorch "
+                              "reference. Installing gcc/g++ enables it.", RuntimeWarning, stacklevel=3)
+    return _loaded.get("op")
+
+
+def cpu_attention_error() -> str | None:
+    """Why the kernel is unavailable (None when it built, or was never tried)."""
+    return _loaded.get("error")
+
+
+def decode_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, sm_scale,
+                         num_kv_splits=None) -> None:
+    """o[b] = attention of q[b] over tokens 0..seq_lens[b]-1 of request req_pool_indices[b]."""
+    op = cpu_attention_op() if q.is_cpu else None  # the kernel is CPU-only; elsewhere the references run
+    if op is None:
+        return decode_attention_ref(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, sm_scale)
+    check_decode_args(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens)
+    batch = q.shape[0]
+    ones = torch.ones(batch, dtype=torch.int64)
+    op(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, ones, torch.arange(batch), sm_scale)
+
+
+def extend_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens,
+                         qo_start_loc, sm_scale) -> None:
+    """Request b's new tokens q[qo_start_loc[b] : + extend_lens[b]] attend to its cached prefix and
+    causally to themselves."""
+    op = cpu_attention_op() if q.is_cpu else None
+    if op is None:
+        return extend_attention_ref(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens,
+                                    extend_lens, qo_start_loc, sm_scale)
+    check_extend_args(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens,
+                      qo_start_loc)
+    op(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start_loc, sm_scale)

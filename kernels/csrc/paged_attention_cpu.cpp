@@ -1,0 +1,459 @@
+// Batched paged attention for the CPU: one call per layer for a whole decode or extend batch.
+//
+// Request b's new tokens q[qo_start_loc[b] : + extend_lens[b]] attend to its tokens
+// 0..seq_lens[b]-1, read through req_to_token[req_pool_indices[b]] straight from the pool (no
+// gathered copy of the request's KV). Query i of request b sits at position prefix + i
+// (prefix = seq_lens[b] - extend_lens[b]) and sees keys 0..prefix + i.
+//
+// Work item = (request, kv head, block of up to kQueryBlock new tokens). Its rows are every
+// (query, q head) pair sharing that kv head (GQA), so each key/value tile is loaded once for all
+// of them. Keys go in tiles of kKeyTile with an online softmax, all in fp32; tiles are converted to
+// fp32 on load, so fp16/bf16 pools work too. Threads take items, longest first, from a shared
+// counter.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// Vector width: whatever -march=native gives. Registers bound the blocking: 16 of them with
+// AVX2, 32 with AVX-512, so AVX2 accumulates half as many output vectors at a time.
+#if defined(__AVX512F__)
+#define VLSERVE_LANES 16
+constexpr int kChunk = 4;  // output vectors per row accumulated in registers
+#else
+#define VLSERVE_LANES 8
+constexpr int kChunk = 2;
+#endif
+constexpr int kLanes = VLSERVE_LANES;  // floats per vector
+constexpr int kKeyTile = 2 * kLanes;   // keys per tile: two vectors of scores per row
+constexpr int kQueryBlock = 16;        // new tokens per work item in extend
+constexpr int kRowBlock = 4;           // rows updated together, sharing each key / value load
+constexpr int kTransposeRows = 16;     // from this many rows per item, transpose K tiles (extend)
+
+// GCC/Clang vector extensions, one register wide.
+typedef float vf __attribute__((vector_size(VLSERVE_LANES * 4)));
+typedef int32_t vi __attribute__((vector_size(VLSERVE_LANES * 4)));
+typedef uint32_t vu __attribute__((vector_size(VLSERVE_LANES * 4)));
+typedef uint16_t vh __attribute__((vector_size(VLSERVE_LANES * 2)));
+typedef float vf4 __attribute__((vector_size(16)));
+
+inline vf splat(float x) { return vf{} + x; }
+inline vf loadu(const float* p) { vf v; std::memcpy(&v, p, sizeof(v)); return v; }
+inline void storeu(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+inline vf select(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
+
+inline vf load16(const float* p) { return loadu(p); }
+inline vf load16(const c10::BFloat16* p) {  // bf16 is the top half of an fp32
+  vh h;
+  std::memcpy(&h, p, sizeof(h));
+  return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+inline vf load16(const c10::Half* p) {
+  vf v;
+  for (int i = 0; i < kLanes; ++i) v[i] = static_cast<float>(p[i]);
+  return v;
+}
+
+inline float hsum(vf v) {
+  vf4 acc{};
+  for (int i = 0; i < kLanes; i += 4) {  // add the 4-float quarters, then within one
+    vf4 part;
+    std::memcpy(&part, reinterpret_cast<const char*>(&v) + i * sizeof(float), sizeof(part));
+    acc += part;
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+inline vi lane_ids() {
+  vi ids;
+  for (int i = 0; i < kLanes; ++i) ids[i] = i;
+  return ids;
+}
+
+inline float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+// e^x for x <= 0 (a score minus its row's running max): x = n ln2 + r with |r| <= ln2/2, e^r by a
+// degree-6 Taylor polynomial (relative error ~1e-7), 2^n built in the exponent bits. Below -87 it
+// is clamped (e^-87 ~ 1.6e-38 is 0 next to the row max's e^0 = 1, and 2^n stays a normal float);
+// masked keys are zeroed by the caller, never left to this.
+inline vf exp_nonpositive(vf x) {
+  x = select(x < splat(-87.0f), splat(-87.0f), x);
+  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
+  const vf n = (x * 1.44269504088896341f + shifter) - shifter;
+  const vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vf p = splat(1.0f / 720.0f);
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return p * (vf)((__builtin_convertvector(n, vi) + 127) << 23);
+}
+
+inline float exp_nonpositive(float x) { return exp_nonpositive(splat(x))[0]; }
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
+
+struct Item {
+  int64_t req;       // index into the batch
+  int64_t kv_head;
+  int64_t first;     // first new token of the block, within the request's new tokens
+  int64_t count;     // new tokens in the block
+  int64_t cost;      // rows x keys, for ordering
+};
+
+struct Problem {
+  int64_t num_q_heads, num_kv_heads, group, head_dim, slot_stride;  // slot_stride = num_kv_heads * D
+  const int32_t* req_to_token;
+  int64_t table_width;
+  const int64_t *rows, *seq_lens, *extend_lens, *starts;
+  float sm_scale;
+};
+
+// Per-thread buffers: the item's rows (q pre-scaled, output accumulators, softmax state), one key
+// tile (as rows [j][d], or transposed [d][j]) and one value tile [j][d], and a block's scores.
+struct Scratch {
+  std::vector<float> q, out, row_max, row_sum, k, v, p, rescale;
+  std::vector<int> visible;
+  void reserve(int64_t rows, int64_t d) {
+    q.resize(rows * d);
+    out.resize(rows * d);
+    row_max.resize(rows);
+    row_sum.resize(rows);
+    visible.resize(rows);
+    k.resize(d * kKeyTile);
+    v.resize(kKeyTile * d);
+    p.resize(kRowBlock * kKeyTile);
+    rescale.resize(kRowBlock);
+  }
+};
+
+// Keys j0..j0+n-1 of one kv head into fp32 tiles; the tile's unused keys are zeroed so that
+// whatever the pool holds past them can never become NaN in a product.
+template <typename T>
+void load_tile(const Problem& pb, const T* k_buffer, const T* v_buffer, const int32_t* slots, int64_t j0, int n,
+               int64_t num_keys, int64_t kv_head, bool transpose_k, Scratch& sc) {
+  const int64_t D = pb.head_dim;
+  // Slots are scattered over the pool, which defeats the hardware prefetcher: ask for the next
+  // tile's rows now, so they arrive while this one is computed.
+  const int64_t next_end = std::min<int64_t>(j0 + 2 * kKeyTile, num_keys);
+  for (int64_t j = j0 + kKeyTile; j < next_end; ++j) {
+    const int64_t base = static_cast<int64_t>(slots[j]) * pb.slot_stride + kv_head * D;
+    for (int64_t d = 0; d < D; d += 64 / sizeof(T)) {
+      __builtin_prefetch(k_buffer + base + d, 0, 2);  // into L2: a whole tile would crowd L1
+      __builtin_prefetch(v_buffer + base + d, 0, 2);
+    }
+  }
+  for (int j = 0; j < kKeyTile; ++j) {
+    float* vr = sc.v.data() + j * D;
+    float* kr = sc.k.data() + j * D;
+    if (j >= n) {
+      std::fill(vr, vr + D, 0.0f);
+      if (transpose_k) {
+        for (int64_t d = 0; d < D; ++d) sc.k[d * kKeyTile + j] = 0.0f;
+      } else {
+        std::fill(kr, kr + D, 0.0f);
+      }
+      continue;
+    }
+    const int64_t base = static_cast<int64_t>(slots[j0 + j]) * pb.slot_stride + kv_head * D;
+    for (int64_t d = 0; d < D; d += kLanes) storeu(vr + d, load16(v_buffer + base + d));
+    if (transpose_k) {
+      for (int64_t d = 0; d < D; d += kLanes) {
+        const vf kv = load16(k_buffer + base + d);
+        for (int i = 0; i < kLanes; ++i) sc.k[(d + i) * kKeyTile + j] = kv[i];
+      }
+    } else {
+      for (int64_t d = 0; d < D; d += kLanes) storeu(kr + d, load16(k_buffer + base + d));
+    }
+  }
+}
+
+// Scores of NR rows against the tile, into s[r][0..kKeyTile).
+template <int NR>
+void scores(const float* q, int64_t D, const Scratch& sc, bool transposed, int n, vf s[NR][2]) {
+  for (int r = 0; r < NR; ++r) s[r][0] = s[r][1] = vf{};
+  if (transposed) {  // s[r][:] += q[r][d] * k[d][:], two vectors of keys per row
+    for (int64_t d = 0; d < D; ++d) {
+      const vf k0 = loadu(sc.k.data() + d * kKeyTile), k1 = loadu(sc.k.data() + d * kKeyTile + kLanes);
+      for (int r = 0; r < NR; ++r) {
+        const float qd = q[r * D + d];
+        s[r][0] += qd * k0;
+        s[r][1] += qd * k1;
+      }
+    }
+    return;
+  }
+  for (int j = 0; j < n; ++j) {  // few rows: dot products against key rows, no transpose
+    vf acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = vf{};
+    for (int64_t d = 0; d < D; d += kLanes) {
+      const vf k = loadu(sc.k.data() + j * D + d);
+      for (int r = 0; r < NR; ++r) acc[r] += loadu(q + r * D + d) * k;
+    }
+    for (int r = 0; r < NR; ++r) s[r][j / kLanes][j % kLanes] = hsum(acc[r]);
+  }
+}
+
+// out[r][d0 .. d0 + NV*16) = out * rescale[r] + sum_j p[r][j] v[j][..], accumulators in registers.
+template <int NR, int NV>
+void accumulate(float* out, int64_t D, int64_t d0, const Scratch& sc, int keys) {
+  vf acc[NR][NV];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NV; ++c) acc[r][c] = loadu(out + r * D + d0 + c * kLanes) * sc.rescale[r];
+  for (int j = 0; j < keys; ++j) {
+    const float* vr = sc.v.data() + j * D + d0;
+    vf vj[NV];
+    for (int c = 0; c < NV; ++c) vj[c] = loadu(vr + c * kLanes);
+    for (int r = 0; r < NR; ++r) {
+      const float pr = sc.p[r * kKeyTile + j];
+      for (int c = 0; c < NV; ++c) acc[r][c] += pr * vj[c];
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NV; ++c) storeu(out + r * D + d0 + c * kLanes, acc[r][c]);
+}
+
+// NR rows (starting at row r0) against the loaded tile: online-softmax update of their state.
+template <int NR>
+void update_rows(const Problem& pb, int64_t r0, int64_t j0, int n, bool transposed, Scratch& sc) {
+  const int64_t D = pb.head_dim;
+  vf s[NR][2];
+  scores<NR>(sc.q.data() + r0 * D, D, sc, transposed, n, s);
+  const vi lane = lane_ids();
+  int keys = 0;  // keys any of the rows sees in this tile
+  for (int r = 0; r < NR; ++r) {
+    const int valid = static_cast<int>(std::min<int64_t>(n, sc.visible[r0 + r] - j0));
+    float* p = sc.p.data() + r * kKeyTile;
+    if (valid <= 0) {  // this row's keys ended in an earlier tile: it takes nothing from this one
+      std::fill(p, p + kKeyTile, 0.0f);
+      sc.rescale[r] = 1.0f;
+      continue;
+    }
+    keys = std::max(keys, valid);
+    const vi seen0 = lane < valid, seen1 = (lane + kLanes) < valid;
+    const vf ninf = splat(-std::numeric_limits<float>::infinity());
+    const float tile_max = std::max(hmax(select(seen0, s[r][0], ninf)), hmax(select(seen1, s[r][1], ninf)));
+    float& row_max = sc.row_max[r0 + r];
+    const float new_max = std::max(row_max, tile_max);
+    sc.rescale[r] = exp_nonpositive(row_max - new_max);  // row_max = -inf on the first tile: 0
+    const vf p0 = select(seen0, exp_nonpositive(s[r][0] - new_max), vf{});
+    const vf p1 = select(seen1, exp_nonpositive(s[r][1] - new_max), vf{});
+    storeu(p, p0);
+    storeu(p + kLanes, p1);
+    sc.row_sum[r0 + r] = sc.row_sum[r0 + r] * sc.rescale[r] + hsum(p0 + p1);
+    row_max = new_max;
+  }
+  float* out = sc.out.data() + r0 * D;
+  int64_t d0 = 0;
+  for (; d0 + kChunk * kLanes <= D; d0 += kChunk * kLanes) accumulate<NR, kChunk>(out, D, d0, sc, keys);
+  for (; d0 < D; d0 += kLanes) accumulate<NR, 1>(out, D, d0, sc, keys);
+}
+
+// The vector path needs head_dim % kLanes == 0; the scalar path below serves any other head_dim.
+template <typename T>
+void run_item_vector(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc,
+                     int64_t rows, int64_t num_keys, const int32_t* slots) {
+  const bool transposed = rows >= kTransposeRows;
+  for (int64_t j0 = 0; j0 < num_keys; j0 += kKeyTile) {
+    const int n = static_cast<int>(std::min<int64_t>(kKeyTile, num_keys - j0));
+    load_tile<T>(pb, k_buffer, v_buffer, slots, j0, n, num_keys, it.kv_head, transposed, sc);
+    int64_t r0 = 0;
+    for (; r0 + kRowBlock <= rows; r0 += kRowBlock) update_rows<kRowBlock>(pb, r0, j0, n, transposed, sc);
+    switch (rows - r0) {
+      case 3: update_rows<3>(pb, r0, j0, n, transposed, sc); break;
+      case 2: update_rows<2>(pb, r0, j0, n, transposed, sc); break;
+      case 1: update_rows<1>(pb, r0, j0, n, transposed, sc); break;
+      default: break;
+    }
+  }
+}
+
+template <typename T>
+void run_item_scalar(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc,
+                     int64_t rows, int64_t num_keys, const int32_t* slots) {
+  const int64_t D = pb.head_dim;
+  for (int64_t j = 0; j < num_keys; ++j) {  // one key at a time, online softmax per row
+    const int64_t base = static_cast<int64_t>(slots[j]) * pb.slot_stride + it.kv_head * D;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (sc.visible[r] <= j) continue;
+      const float* q = sc.q.data() + r * D;
+      float score = 0.0f;
+      for (int64_t d = 0; d < D; ++d) score += q[d] * to_float(k_buffer[base + d]);
+      const float new_max = std::max(sc.row_max[r], score);
+      const float rescale = exp_nonpositive(sc.row_max[r] - new_max), p = exp_nonpositive(score - new_max);
+      float* out = sc.out.data() + r * D;
+      for (int64_t d = 0; d < D; ++d) out[d] = out[d] * rescale + p * to_float(v_buffer[base + d]);
+      sc.row_sum[r] = sc.row_sum[r] * rescale + p;
+      sc.row_max[r] = new_max;
+    }
+  }
+}
+
+template <typename T>
+void run_item(const Item& it, const Problem& pb, const T* q, const T* k_buffer, const T* v_buffer, T* o,
+              Scratch& sc) {
+  const int64_t D = pb.head_dim;
+  const int64_t prefix = pb.seq_lens[it.req] - pb.extend_lens[it.req];
+  const int64_t rows = it.count * pb.group;
+  // Row r is new token it.first + r / group with q head kv_head * group + r % group; it sits at
+  // position prefix + it.first + r / group and sees that many keys plus one.
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t token = pb.starts[it.req] + it.first + r / pb.group;
+    const int64_t head = it.kv_head * pb.group + r % pb.group;
+    const T* src = q + (token * pb.num_q_heads + head) * D;
+    float* dst = sc.q.data() + r * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = to_float(src[d]) * pb.sm_scale;
+    std::fill(sc.out.data() + r * D, sc.out.data() + (r + 1) * D, 0.0f);
+    sc.row_max[r] = -std::numeric_limits<float>::infinity();
+    sc.row_sum[r] = 0.0f;
+    sc.visible[r] = static_cast<int>(prefix + it.first + r / pb.group + 1);
+  }
+  const int64_t num_keys = prefix + it.first + it.count;  // what the block's last token sees
+  const int32_t* slots = pb.req_to_token + pb.rows[it.req] * pb.table_width;
+  if (D % kLanes == 0) {
+    run_item_vector<T>(it, pb, k_buffer, v_buffer, sc, rows, num_keys, slots);
+  } else {
+    run_item_scalar<T>(it, pb, k_buffer, v_buffer, sc, rows, num_keys, slots);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t token = pb.starts[it.req] + it.first + r / pb.group;
+    const int64_t head = it.kv_head * pb.group + r % pb.group;
+    T* dst = o + (token * pb.num_q_heads + head) * D;
+    const float inv = 1.0f / sc.row_sum[r];
+    const float* src = sc.out.data() + r * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(src[d] * inv);
+  }
+}
+
+template <typename T>
+void run_all(const std::vector<Item>& items, const Problem& pb, const at::Tensor& q, const at::Tensor& k_buffer,
+             const at::Tensor& v_buffer, const at::Tensor& o) {
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_buffer.data_ptr<T>();
+  const T* vp = v_buffer.data_ptr<T>();
+  T* op = o.data_ptr<T>();
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(items.size()));
+  // One task per thread; each pulls the next item (longest first) until none are left.
+  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
+    Scratch sc;
+    sc.reserve(kQueryBlock * pb.group, pb.head_dim);
+    for (int64_t w = begin; w < end; ++w) {
+      for (int64_t i = next.fetch_add(1); i < static_cast<int64_t>(items.size()); i = next.fetch_add(1)) {
+        run_item<T>(items[i], pb, qp, kp, vp, op, sc);
+      }
+    }
+  });
+}
+
+// Every index the kernel will follow is checked first: a bad one must raise, never read out of bounds.
+void check_request(const Problem& pb, int64_t b, int64_t table_rows, int64_t num_tokens, int64_t num_slots) {
+  const int64_t row = pb.rows[b], seq_len = pb.seq_lens[b], new_tokens = pb.extend_lens[b], start = pb.starts[b];
+  TORCH_CHECK(0 <= row && row < table_rows, "request ", b, ": req_pool_index ", row, " outside req_to_token's ",
+              table_rows, " rows");
+  TORCH_CHECK(1 <= new_tokens && new_tokens <= seq_len, "request ", b, ": need 1 <= extend_len (", new_tokens,
+              ") <= seq_len (", seq_len, ")");
+  TORCH_CHECK(seq_len <= pb.table_width, "request ", b, ": seq_len (", seq_len, ") exceeds req_to_token width (",
+              pb.table_width, ")");
+  TORCH_CHECK(0 <= start && start + new_tokens <= num_tokens, "request ", b, ": rows ", start, ":",
+              start + new_tokens, " fall outside q's ", num_tokens, " rows");
+  const int32_t* slots = pb.req_to_token + row * pb.table_width;
+  for (int64_t j = 0; j < seq_len; ++j) {
+    TORCH_CHECK(0 <= slots[j] && slots[j] < num_slots, "request ", b, ": position ", j, " maps to slot ", slots[j],
+                " outside the pool's ", num_slots);
+  }
+}
+
+std::vector<Item> make_items(const Problem& pb, int64_t batch, int64_t table_rows, int64_t num_tokens,
+                             int64_t num_slots) {
+  std::vector<Item> items;
+  for (int64_t b = 0; b < batch; ++b) {
+    check_request(pb, b, table_rows, num_tokens, num_slots);
+    const int64_t new_tokens = pb.extend_lens[b], prefix = pb.seq_lens[b] - new_tokens;
+    for (int64_t first = 0; first < new_tokens; first += kQueryBlock) {
+      const int64_t count = std::min<int64_t>(kQueryBlock, new_tokens - first);
+      for (int64_t h = 0; h < pb.num_kv_heads; ++h) {
+        items.push_back({b, h, first, count, count * (prefix + first + count)});
+      }
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  return items;
+}
+
+void paged_attention(const at::Tensor& q_in, const at::Tensor& k_buffer, const at::Tensor& v_buffer, const at::Tensor& o,
+                     const at::Tensor& req_to_token_in, const at::Tensor& req_pool_indices,
+                     const at::Tensor& seq_lens, const at::Tensor& extend_lens, const at::Tensor& qo_start_loc,
+                     double sm_scale) {
+  TORCH_CHECK(q_in.device().is_cpu(), "paged_attention_cpu runs on CPU tensors");
+  TORCH_CHECK(k_buffer.is_contiguous() && v_buffer.is_contiguous() && o.is_contiguous(),
+              "k_buffer, v_buffer and o must be contiguous");
+  TORCH_CHECK(k_buffer.scalar_type() == q_in.scalar_type() && v_buffer.scalar_type() == q_in.scalar_type() &&
+                  o.scalar_type() == q_in.scalar_type(),
+              "q, o, k_buffer, v_buffer must share one dtype");
+  TORCH_CHECK(q_in.dim() == 3 && k_buffer.dim() == 3 && v_buffer.sizes() == k_buffer.sizes() &&
+                  o.sizes() == q_in.sizes() && k_buffer.size(2) == q_in.size(2),
+              "need q, o [tokens, q_heads, D] and k_buffer, v_buffer [slots, kv_heads, D]");
+  TORCH_CHECK(k_buffer.size(1) > 0 && q_in.size(1) % k_buffer.size(1) == 0,
+              "num_q_heads must be a multiple of num_kv_heads");
+  const int64_t batch = req_pool_indices.numel();
+  TORCH_CHECK(req_to_token_in.dim() == 2, "req_to_token must be 2-D");
+  for (const at::Tensor* t : {&req_pool_indices, &seq_lens, &extend_lens, &qo_start_loc}) {
+    TORCH_CHECK(t->dim() == 1 && t->numel() == batch,
+                "req_pool_indices, seq_lens, extend_lens, qo_start_loc must be 1-D of one length");
+  }
+  const at::Tensor q = q_in.contiguous();
+  const at::Tensor req_to_token = req_to_token_in.to(at::kInt).contiguous();
+  const at::Tensor rows = req_pool_indices.to(at::kLong).contiguous();
+  const at::Tensor lens = seq_lens.to(at::kLong).contiguous();
+  const at::Tensor new_lens = extend_lens.to(at::kLong).contiguous();
+  const at::Tensor starts = qo_start_loc.to(at::kLong).contiguous();
+  Problem pb;
+  pb.num_q_heads = q.size(1);
+  pb.num_kv_heads = k_buffer.size(1);
+  pb.group = pb.num_q_heads / pb.num_kv_heads;
+  pb.head_dim = q.size(2);
+  pb.slot_stride = pb.num_kv_heads * k_buffer.size(2);
+  pb.req_to_token = req_to_token.data_ptr<int32_t>();
+  pb.table_width = req_to_token.size(1);
+  pb.rows = rows.data_ptr<int64_t>();
+  pb.seq_lens = lens.data_ptr<int64_t>();
+  pb.extend_lens = new_lens.data_ptr<int64_t>();
+  pb.starts = starts.data_ptr<int64_t>();
+  pb.sm_scale = static_cast<float>(sm_scale);
+  const std::vector<Item> items = make_items(pb, rows.size(0), req_to_token.size(0), q.size(0), k_buffer.size(0));
+  if (items.empty()) return;
+  switch (q.scalar_type()) {
+    case at::kFloat: run_all<float>(items, pb, q, k_buffer, v_buffer, o); break;
+    case at::kBFloat16: run_all<c10::BFloat16>(items, pb, q, k_buffer, v_buffer, o); break;
+    case at::kHalf: run_all<c10::Half>(items, pb, q, k_buffer, v_buffer, o); break;
+    default: TORCH_CHECK(false, "paged_attention_cpu: unsupported dtype ", q.scalar_type());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(vlserve_cpu, m) {
+  m.def("paged_attention(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor req_to_token, "
+        "Tensor req_pool_indices, Tensor seq_lens, Tensor extend_lens, Tensor qo_start_loc, float sm_scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(vlserve_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -1,0 +1,138 @@
+"""The batched CPU paged-attention kernel (kernels/cpu_attention.py, csrc/paged_attention_cpu.cpp)
+against the per-request PyTorch references: ragged lengths, prefix hits, page sizes 1 and > 1,
+GQA and MHA, head dims with and without a specialised path, fp32 / bf16 / fp16, one and two threads.
+
+Error is max |out - ref| / max |ref|, as in test_kernels.py.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+from vlserve.kernels import cpu_attention
+from vlserve.kernels.cpu_attention import cpu_attention_op, decode_attention_cpu, extend_attention_cpu
+from vlserve.kernels.paged_batch import random_paged_batch
+from vlserve.kernels.reference import decode_attention_ref, extend_attention_ref
+
+# fp32: both accumulate in fp32 (the kernel's exp is a polynomial, ~1e-7 relative). Low precision:
+# both compute in fp32 from the same inputs and round once at the end, so about one output ulp.
+TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built_kernel():
+    op = cpu_attention_op()
+    assert op is not None, f"the CPU attention kernel did not build: {cpu_attention.cpu_attention_error()}"
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+# Lengths cross the kernel's 32-key tiles and 16-token query blocks, and include a 1-token request.
+DECODE_LENS = [1, 31, 32, 33, 100, 7]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4), (6, 1)], ids=["gqa4", "mha", "mqa6"])
+@pytest.mark.parametrize("head_dim", [64, 128, 40, 20])  # 20: not a whole number of vectors
+def test_decode_matches_reference(page_size, heads, head_dim, threads):
+    batch = random_paged_batch(DECODE_LENS, None, *heads, head_dim, torch.float32, page_size, seed=head_dim)
+    out = batch.decode(decode_attention_cpu)
+    assert rel_err(out, batch.decode(decode_attention_ref)) < TOLERANCE[torch.float32]
+
+
+# (seq_lens, extend_lens): no prefix, prefix hits of every size, one new token beside a long prompt,
+# extends that span several query blocks and key tiles.
+EXTEND_CASES = [
+    ([40, 70, 5, 33], [40, 17, 1, 33]),
+    ([129, 64, 18], [3, 64, 17]),
+    ([1, 2, 200], [1, 1, 150]),
+]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4)], ids=["gqa4", "mha"])
+@pytest.mark.parametrize("head_dim", [64, 128, 24])
+@pytest.mark.parametrize("case", range(len(EXTEND_CASES)))
+def test_extend_matches_reference(page_size, heads, head_dim, case, threads):
+    seq_lens, extend_lens = EXTEND_CASES[case]
+    batch = random_paged_batch(seq_lens, extend_lens, *heads, head_dim, torch.float32, page_size, seed=case)
+    out = batch.extend(extend_attention_cpu)
+    assert rel_err(out, batch.extend(extend_attention_ref)) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_matches_reference(dtype):
+    batch = random_paged_batch([50, 9, 120], [50, 3, 1], 8, 2, 64, dtype, page_size=8, seed=7)
+    out = batch.extend(extend_attention_cpu)
+    assert out.dtype == dtype
+    assert rel_err(out, batch.extend(extend_attention_ref)) < TOLERANCE[dtype]
+    decode = random_paged_batch([50, 9, 120], None, 8, 2, 64, dtype, page_size=8, seed=8)
+    assert rel_err(decode.decode(decode_attention_cpu), decode.decode(decode_attention_ref)) < TOLERANCE[dtype]
+
+
+def test_reads_only_the_requests_slots():
+    # Poison every slot no request owns (and cells past each length point at them): a read past
+    # seq_len or of another request's slot would turn the output into NaN.
+    batch = random_paged_batch([37, 5, 64], [10, 5, 1], 8, 2, 64, torch.float32, page_size=1, seed=11)
+    used = set()
+    for row, length in zip(batch.req_pool_indices.tolist(), batch.seq_lens.tolist()):
+        used.update(batch.req_to_token[row, :length].tolist())
+    unused = torch.tensor(sorted(set(range(batch.k_buffer.shape[0])) - used), dtype=torch.long)
+    assert unused.numel() > 0
+    batch.k_buffer[unused] = float("nan")
+    batch.v_buffer[unused] = float("nan")
+    out = batch.extend(extend_attention_cpu)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, batch.extend(extend_attention_ref)) < TOLERANCE[torch.float32]
+
+
+def test_bad_lengths_raise_instead_of_reading_out_of_bounds():
+    batch = random_paged_batch([10, 20], [2, 3], 4, 2, 64, torch.float32, seed=1)
+    too_long = batch.req_to_token.shape[1] + 1
+    batch.seq_lens[1] = too_long
+    with pytest.raises(RuntimeError, match="exceeds req_to_token width"):
+        batch.extend(extend_attention_cpu)
+    batch.seq_lens[1] = 20
+    batch.req_to_token[batch.req_pool_indices[0], 3] = batch.k_buffer.shape[0]  # one slot past the pool
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        batch.extend(extend_attention_cpu)
+
+
+def test_falls_back_to_the_reference_with_a_warning_when_it_cannot_build(monkeypatch):
+    def no_compiler():
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(cpu_attention, "_loaded", {})
+    monkeypatch.setattr(cpu_attention, "_build", no_compiler)
+    batch = random_paged_batch([12, 30], [12, 4], 4, 2, 64, torch.float32, seed=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = batch.extend(extend_attention_cpu)
+    assert any("could not be built" in str(w.message) and "no C++ compiler" in str(w.message) for w in caught)
+    assert cpu_attention.cpu_attention_error() is not None
+    assert torch.equal(out, batch.extend(extend_attention_ref))
+
+
+def test_the_op_checks_shapes_itself():
+    # Called directly (not through the wrappers' checks), mismatched metadata must raise too.
+    batch = random_paged_batch([10, 20], [2, 3], 4, 2, 64, torch.float32, seed=1)
+    o = torch.empty_like(batch.q)
+    op = cpu_attention_op()
+    with pytest.raises(RuntimeError, match="one length"):
+        op(batch.q, batch.k_buffer, batch.v_buffer, o, batch.req_to_token, batch.req_pool_indices,
+           batch.seq_lens[:1], batch.extend_lens, batch.qo_start_loc, batch.sm_scale)
+    q3 = batch.q[:, :3].contiguous()  # 3 q heads over 2 kv heads
+    with pytest.raises(RuntimeError, match="multiple of num_kv_heads"):
+        op(q3, batch.k_buffer, batch.v_buffer, torch.empty_like(q3), batch.req_to_token,
+           batch.req_pool_indices, batch.seq_lens, batch.extend_lens, batch.qo_start_loc, batch.sm_scale)

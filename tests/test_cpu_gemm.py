@@ -1,0 +1,68 @@
+"""CpuLinear (vlserve/model/cpu_gemm.py): the same products as F.linear on every path it takes
+(MKL below ONEDNN_MIN_ROWS, oneDNN above; bf16 as is or widened to fp32), and the in-place switch."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlserve.model import cpu_gemm
+from vlserve.model.cpu_gemm import ONEDNN_MIN_ROWS, UPCAST_MIN_ROWS, CpuLinear, use_cpu_gemm
+
+ROWS = [1, ONEDNN_MIN_ROWS - 1, ONEDNN_MIN_ROWS, UPCAST_MIN_ROWS - 1, UPCAST_MIN_ROWS, 300]
+
+
+def _pair(bias: bool, dtype: torch.dtype):
+    torch.manual_seed(0)
+    plain = nn.Linear(96, 72, bias=bias).to(dtype)
+    fast = nn.Linear(96, 72, bias=bias).to(dtype)
+    fast.load_state_dict(plain.state_dict())
+    use_cpu_gemm(fast)
+    return plain, fast
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", ROWS)
+def test_fp32_matches_f_linear(bias, rows):
+    plain, fast = _pair(bias, torch.float32)
+    assert isinstance(fast, CpuLinear)
+    x = torch.randn(rows, 96)
+    torch.testing.assert_close(fast(x), plain(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_bf16_matches_f_linear(rows):
+    plain, fast = _pair(True, torch.bfloat16)
+    x = torch.randn(rows, 96).bfloat16()
+    out = fast(x)
+    assert out.dtype == torch.bfloat16
+    # fp32 of the same bf16 operands: the widened path is at least as exact as bf16 F.linear.
+    exact = F.linear(x.float(), plain.weight.float(), plain.bias.float())
+    assert (out.float() - exact).abs().max() <= 2 * (plain(x).float() - exact).abs().max() + 1e-2
+
+
+def test_bf16_widening_only_without_native_kernels(monkeypatch):
+    calls = []
+    real = cpu_gemm._onednn
+    monkeypatch.setattr(cpu_gemm, "_onednn", lambda x, w, b: calls.append(x.dtype) or real(x, w, b))
+    _, fast = _pair(False, torch.bfloat16)
+    x = torch.randn(UPCAST_MIN_ROWS, 96).bfloat16()
+    monkeypatch.setattr(cpu_gemm, "native_bf16", lambda: True)
+    fast(x)
+    assert calls == []
+    monkeypatch.setattr(cpu_gemm, "native_bf16", lambda: False)
+    fast(x)
+    assert calls == [torch.float32]
+
+
+def test_batched_input_and_state_dict_are_kept():
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8, bias=False))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(3, 7, 16)
+    expected = model(x)
+    assert use_cpu_gemm(model) == 2
+    assert all(isinstance(model[i], CpuLinear) for i in (0, 2))
+    assert model.state_dict().keys() == before.keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,114 @@
+"""ProcessedImageCache (preprocess/image_cache.py): bytes already seen skip decoding and processing,
+with the same result as prepare_image; bounded by bytes, LRU, keyed by config and pixel limit."""
+
+import base64
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vlserve.preprocess import ImageProcessing, MediaError, MediaLimits, prepare_image
+from vlserve.preprocess import image_cache
+from vlserve.preprocess.image_cache import ProcessedImageCache
+
+PROCESSING = ImageProcessing(shortest_edge=32, crop_size=(32, 32))
+ENTRY_BYTES = 3 * 32 * 32 * 4
+
+
+def png(seed: int, size=(48, 40)) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def decodes(monkeypatch):
+    """Counts real decodes behind the cache."""
+    calls = []
+    real = image_cache.decode_image
+    monkeypatch.setattr(image_cache, "decode_image", lambda data, limits: calls.append(len(data)) or real(data, limits))
+    return calls
+
+
+def test_a_repeat_skips_decoding_and_returns_the_same_result(decodes):
+    cache = ProcessedImageCache()
+    data = png(0)
+    first = cache.prepare_image(data, PROCESSING)
+    again = cache.prepare_image(data, PROCESSING)
+    assert len(decodes) == 1 and (cache.hits, cache.misses) == (1, 1)
+    assert again is first
+    expected = prepare_image(data, PROCESSING)
+    assert first.content_hash == expected.content_hash
+    assert np.array_equal(first.pixel_values, expected.pixel_values)
+    assert not first.pixel_values.flags.writeable  # shared by every hit: nobody may change it
+
+
+def test_the_same_bytes_in_another_encoding_hit(decodes):
+    cache = ProcessedImageCache()
+    data = png(1)
+    cache.prepare_image(data, PROCESSING)
+    cache.prepare_image(base64.b64encode(data).decode(), PROCESSING)
+    cache.prepare_image("data:image/png;base64," + base64.b64encode(data).decode(), PROCESSING)
+    assert len(decodes) == 1 and cache.hits == 2
+
+
+def test_other_bytes_or_another_config_miss(decodes):
+    cache = ProcessedImageCache()
+    a = cache.prepare_image(png(2), PROCESSING)
+    b = cache.prepare_image(png(3), PROCESSING)
+    c = cache.prepare_image(png(2), ImageProcessing(shortest_edge=16, crop_size=(16, 16)))
+    assert len(decodes) == 3 and cache.hits == 0
+    assert a.content_hash != b.content_hash and c.pixel_values.shape == (3, 16, 16)
+
+
+def test_a_stricter_pixel_limit_is_not_dodged_by_a_hit():
+    cache = ProcessedImageCache()
+    data = png(4, size=(48, 40))
+    cache.prepare_image(data, PROCESSING)
+    with pytest.raises(MediaError, match="max_image_pixels"):
+        cache.prepare_image(data, PROCESSING, MediaLimits(max_image_pixels=100))
+
+
+def test_bounded_by_bytes_least_recently_used_out(decodes):
+    cache = ProcessedImageCache(max_bytes=2 * ENTRY_BYTES)
+    images = [png(10 + i) for i in range(3)]
+    cache.prepare_image(images[0], PROCESSING)
+    cache.prepare_image(images[1], PROCESSING)
+    cache.prepare_image(images[0], PROCESSING)  # 0 is now the most recent; 1 goes first
+    cache.prepare_image(images[2], PROCESSING)
+    assert len(cache) == 2 and cache.num_bytes == 2 * ENTRY_BYTES
+    decodes.clear()
+    cache.prepare_image(images[0], PROCESSING)
+    cache.prepare_image(images[2], PROCESSING)
+    assert decodes == []
+    cache.prepare_image(images[1], PROCESSING)
+    assert len(decodes) == 1 and cache.num_bytes <= cache.max_bytes
+
+
+def test_zero_budget_caches_nothing(decodes):
+    cache = ProcessedImageCache(max_bytes=0)
+    data = png(20)
+    cache.prepare_image(data, PROCESSING)
+    cache.prepare_image(data, PROCESSING)
+    assert len(decodes) == 2 and len(cache) == 0
+
+
+def test_pil_images_are_processed_every_time():
+    cache = ProcessedImageCache()
+    image = Image.open(io.BytesIO(png(21)))
+    assert cache.prepare_image(image, PROCESSING).content_hash == prepare_image(png(21), PROCESSING).content_hash
+    assert len(cache) == 0
+
+
+def test_concurrent_callers_agree_and_the_bound_holds():
+    cache = ProcessedImageCache(max_bytes=3 * ENTRY_BYTES)
+    sources = [png(30 + i % 5) for i in range(60)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda s: cache.prepare_image(s, PROCESSING), sources))
+    for source, result in zip(sources, results):
+        assert result.content_hash == prepare_image(source, PROCESSING).content_hash
+    assert len(cache) <= 3 and cache.num_bytes <= cache.max_bytes
+    assert cache.hits + cache.misses == len(sources)
