@@ -19,9 +19,9 @@ from vlserve.preprocess import ImageProcessing, ProcessedImageCache, prepare_ima
 PROCESSING = ImageProcessing(shortest_edge=336, crop_size=(336, 336))
 
 
-def photo(width: int, height: int, fmt: str) -> bytes:
+def photo(width: int, height: int, fmt: str, seed: int = 0) -> bytes:
     """A smooth gradient with noise: compresses like a photo, not like pure noise."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width]
     base = np.stack([x * 255 // width, y * 255 // height, (x + y) * 255 // (width + height)], -1)
     pixels = np.clip(base + rng.integers(-20, 20, base.shape), 0, 255).astype(np.uint8)
