@@ -3,6 +3,7 @@ select's scores against an independent computation, streaming, run_batch, media 
 
 import asyncio
 
+import httpx
 import pytest
 
 import vlserve.lang as sgl
@@ -24,8 +25,8 @@ def served():
 
 
 def test_fork_commits_image_and_prefix_once_before_any_branch(served):
-    # Runs first in this module: the server's cache is empty.
     engine, server = served
+    assert httpx.post(server.url + "/flush_cache", timeout=60).status_code == 200  # any test order: an empty cache
     picture, qas = scene_png(1)
     qas = qas[:4]
     endpoint = RecordingEndpoint(server.url)
