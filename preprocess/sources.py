@@ -61,7 +61,7 @@ def _decode_data_uri(uri: str, limits: MediaLimits, limit_name: str, what: str) 
     if not sep:
         raise MediaError(f"{what} data URI has no ',' separating header and data")
     if not header.lower().endswith(";base64"):
-        raise MediaError(f"{what} data URI must be base64-encoded (data:<type>;base64,<data>), got header {header[:64]!r}")
+        raise MediaError(f"{what} data URI must be base64-encoded (data:<type>;base64,<data>)")
     return decode_base64(payload, limits, limit_name, what)
 
 
@@ -125,7 +125,7 @@ def _read_path(path: str, limits: MediaLimits, limit_name: str, what: str) -> by
 class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         if not newurl.lower().startswith(("http://", "https://")):
-            raise MediaError(f"URL redirect to a non-http(s) location refused: {newurl[:200]!r}")
+            raise MediaError("URL redirect to a non-http(s) location refused")  # the location is the server's text
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 

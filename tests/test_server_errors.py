@@ -193,3 +193,19 @@ def test_the_api_key_guards_every_route_that_does_work(server):
         for path, method in routes:
             assert_error(c.request(method, path), 401, "API key")
         assert c.post("/flush_cache", headers={"Authorization": "Bearer sekret"}).status_code in (200, 400)
+
+
+def test_oversized_headers_are_refused_and_harm_nothing(server, http):
+    """uvicorn's h11 parser bounds a request head (16 KiB by default): a 64 KiB header gets a 4xx or
+    a closed connection, never a hang, and the server goes on."""
+    import socket
+
+    host, port = server[1].url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 65536 + b"\r\n\r\n")
+        try:
+            answer = s.recv(4096)
+        except (ConnectionResetError, socket.timeout):
+            answer = b""
+    assert answer == b"" or answer.split(b" ")[1].startswith(b"4"), answer[:100]
+    assert http.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}).status_code == 200
