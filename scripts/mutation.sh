@@ -36,7 +36,7 @@ staged_path() {  # repo path -> path in the installed layout
 
 tests_for() {  # the tests that exercise a module (a mutant runs only those of them that call its function)
   case "$1" in
-    vlserve/cache/radix_cache.py) echo tests/test_radix_cache.py tests/test_radix_cache_properties.py ;;
+    vlserve/cache/radix_cache.py) echo tests/test_radix_cache.py tests/test_radix_cache_properties.py tests/test_radix_integrity_check.py ;;
     vlserve/sampling/sampler.py) echo tests/test_sampler.py ;;
     preprocess/hashing.py) echo tests/test_preprocess_hash.py tests/test_media_keys.py ;;
     *) grep -l "$(echo "${1%.py}" | sed 's#^preprocess/#vlserve/preprocess/#; s#^kernels/#vlserve/kernels/#; s#/#.#g')" tests/test_*.py ;;

@@ -40,6 +40,8 @@ EQUIVALENT = [
      "None is falsy like False; every reader tests alive by truth value"),
     ("vlserve/cache/radix_cache.py", "node.parent = None", 'node.parent = ""',
      "a dead node's parent is never read (every entry point checks alive first); both drop the reference"),
+    ("vlserve/cache/radix_cache.py", "upper.last_access = node.last_access", "upper.last_access = None",
+     "_split's only caller (_descend) sets the returned node's last_access on the next line"),
     ("vlserve/cache/radix_cache.py", "node.size > 0 and", "node.size >= 0 and",
      "an empty edge already fails the line before (its child key is missing)"),
 ]

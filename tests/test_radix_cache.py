@@ -292,6 +292,7 @@ def test_disabled_cache_never_matches_or_stores():
     assert cache.insert([1, 2, 3], pool.alloc(3)) == 0
     match = cache.match_prefix([1, 2, 3])
     assert match.prefix_len == 0 and match.node is cache.root
+    assert cache.peek_prefix_len([1, 2, 3]) == 0  # the scheduler's ordering sees no hit either
     cache.lock(match.node)
     cache.unlock(match.node)
     assert cache.total_size() == 0 and cache.evict(10) == 0 and pool.freed == []
