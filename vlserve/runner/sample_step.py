@@ -18,13 +18,16 @@ def sample_requests(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[
                     ) -> tuple[list[SampledToken | None], list[str | None]]:
     """logits: [len(reqs), V], one row per request. Returns (tokens, errors), one of each per request."""
     try:
-        return _sample(logits.clone(), reqs, eos_token_ids), [None] * len(reqs)
+        # penalties and logit bias are not idempotent: the per-request fallback needs the logits as
+        # they came, so copy them then (constraint and min_new_tokens masks may safely apply twice)
+        rewrites = any(r.sampling.penalised or r.sampling.logit_bias for r in reqs)
+        return _sample(logits.clone() if rewrites else logits, reqs, eos_token_ids), [None] * len(reqs)
     except Exception:
         return _sample_each(logits, reqs, eos_token_ids)
 
 
 def _sample(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...]) -> list[SampledToken]:
-    """Penalties, logit bias → min_new_tokens → constraint masks → sample (logits is this call's own copy)."""
+    """Penalties, logit bias → min_new_tokens → constraint masks → sample; logits are changed in place."""
     params = [r.sampling for r in reqs]
     apply_penalties(logits, params, [r.input_ids for r in reqs], [r.output_ids for r in reqs])
     apply_logit_bias(logits, params)
