@@ -33,7 +33,7 @@ def test_sglang_and_vllm_flag_names():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["serve", "--tp", "2"], "--tp-size 2: only 1 is supported"),
+    (["serve", "--tp", "3", "--nnodes", "2"], "--tp-size 3 must be >= 1 and a multiple of --nnodes 2"),
     (["serve", "--mem-fraction-static", "1.5"], "--mem-fraction-static must be in (0, 1)"),
     (["serve", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["serve", "--schedule-policy", "sjf"], "invalid choice: 'sjf'"),

@@ -56,7 +56,12 @@ class EngineArgs(CLIArgs):
     mem_fraction_static: float = _opt(0.3, "share of free memory (GPU, else host) the KV pool takes when "
                                            "--max-total-tokens is not given")
     page_size: int = 1
-    tp_size: int = _opt(1, "tensor parallelism (only 1 is supported in this release)")
+    tp_size: int = _opt(1, "tensor parallelism: N processes, each holding 1/N of the decoder (gloo on the CPU, "
+                           "NCCL on GPUs)")
+    dist_init_addr: str | None = _opt(None, "HOST:PORT where the tensor-parallel ranks meet (node 0's address; default: "
+                                            "MASTER_ADDR:MASTER_PORT, else a free local port)")
+    nnodes: int = _opt(1, "machines the tensor-parallel ranks span (tp_size / nnodes ranks on each)")
+    node_rank: int = _opt(0, "this machine's index among --nnodes; node 0 serves, the others only run ranks")
     chunked_prefill_size: int = 2048
     max_running_requests: int = 128
     max_waiting_requests: int = _opt(1024, "waiting-queue length past which requests get 503")
@@ -89,8 +94,10 @@ class EngineArgs(CLIArgs):
                "max_waiting_requests": ["--max-queued-requests"]}
 
     def __post_init__(self):
-        if self.tp_size != 1:
-            raise ValueError(f"--tp-size {self.tp_size}: only 1 is supported in this release")
+        if self.tp_size < 1 or self.nnodes < 1 or self.tp_size % self.nnodes:
+            raise ValueError(f"--tp-size {self.tp_size} must be >= 1 and a multiple of --nnodes {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in [0, --nnodes), got {self.node_rank}")
         if self.page_size < 1:
             raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
         if self.chunked_prefill_size < 1:

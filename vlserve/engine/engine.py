@@ -7,6 +7,7 @@ responses are assembled on the caller's side, so the loop never waits on uploads
 """
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,11 @@ from vlserve.engine.request_builder import RequestBuilder
 from vlserve.engine.stats_log import StatsLog
 from vlserve.memory.pools import KVMemory, KVShape, default_max_total_tokens
 from vlserve.metrics import Metrics
+from vlserve.distributed.launcher import TensorParallelGroup, group_spec, threads_per_rank
+from vlserve.distributed.tp_runner import TensorParallelError, TensorParallelRunner
+from vlserve.distributed.worker import WorkerConfig
 from vlserve.model.attention import default_backend_name
+from vlserve.model.tensor_parallel import check_shardable, kv_heads_per_rank
 from vlserve.model.builtin import builtin_model_path
 from vlserve.model.loader import load_model
 from vlserve.model.cpu_threads import configure_compute_threads, media_workers
@@ -33,13 +38,21 @@ from vlserve.runner.model_runner import ModelRunner
 from vlserve.scheduler.finish import FinishChecker
 from vlserve.scheduler.scheduler import Scheduler
 
+log = logging.getLogger(__name__)
+
 
 class Engine:
     def __init__(self, model: str | None = None, **kwargs):
         self.args = args = EngineArgs(model=model, **kwargs)
-        threads = configure_compute_threads(args.num_threads)
+        threads = configure_compute_threads(args.num_threads or (
+            threads_per_rank(args.tp_size, args.nnodes) if args.tp_size > 1 else None))
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.loaded = load_model(args.model or builtin_model_path(), dtype=args.dtype, device=device)
+        text = self.loaded.config.text
+        if args.tp_size > 1:
+            check_shardable(text.num_heads, text.num_kv_heads, text.intermediate_size, args.tp_size)
+        self.fatal_error: str | None = None  # set when a tensor-parallel rank dies: the engine is stopping
+        self.on_fatal = None  # the server's hook: called (from a watchdog thread) with fatal_error
         self.tokenizer = self.loaded.tokenizer
         if args.chat_template:
             self.tokenizer.chat_template = _read_template(args.chat_template)
@@ -47,8 +60,18 @@ class Engine:
         self.memory = self._make_memory(device)
         self.context_len = self.memory.context_len
         eos = self._eos_token_ids()
-        self.runner = ModelRunner(self.loaded, self.memory, args.attention_backend or default_backend_name(),
-                                  self.metrics, args.vision_cache_mb, device, eos)
+        backend = args.attention_backend or default_backend_name()
+        self.tp_group = None
+        if args.tp_size > 1:
+            self.tp_group = TensorParallelGroup.start(
+                group_spec(args.tp_size, args.nnodes, args.dist_init_addr, device), self.loaded,
+                WorkerConfig(self.loaded.path, str(self.loaded.config.dtype).replace("torch.", ""),
+                             self.memory.kv.num_slots, backend, args.vision_cache_mb, threads))
+            self.runner = TensorParallelRunner(self.loaded, self.memory, backend, self.metrics, args.vision_cache_mb,
+                                               device, eos, dead_rank=self.tp_group.dead_rank,
+                                               on_fatal=self._tensor_parallel_failed)
+        else:
+            self.runner = ModelRunner(self.loaded, self.memory, backend, self.metrics, args.vision_cache_mb, device, eos)
         self.scheduler = Scheduler(self.memory, pick(SchedulerConfig, args), self.metrics,
                                    FinishChecker(self.tokenizer, eos))
         self.builder = RequestBuilder(
@@ -65,10 +88,14 @@ class Engine:
                                   lambda: (len(self.scheduler.running), len(self.scheduler.waiting)), args.log_stats_interval)
         self.loop = EngineLoop(self.scheduler, self.runner, after_step=self.stats_log.maybe_log)
         self.loop.start()
+        if self.tp_group is not None:
+            self.tp_group.watch(self._tensor_parallel_failed)
 
     def _make_memory(self, device: str) -> KVMemory:
         cfg, text = self.loaded.config, self.loaded.config.text
-        shape = KVShape(text.num_layers, text.num_kv_heads, text.head_dim, cfg.dtype)
+        # under tensor parallelism each rank's pool holds its KV heads for every slot
+        shape = KVShape(text.num_layers, kv_heads_per_rank(text.num_kv_heads, self.args.tp_size), text.head_dim,
+                        cfg.dtype)
         context = min(self.args.context_length or text.max_position_embeddings, text.max_position_embeddings)
         total = self.args.max_total_tokens or default_max_total_tokens(shape, self.args.mem_fraction_static)
         return KVMemory.create(shape, pick(MemoryConfig, self.args, max_total_tokens=total, context_length=context),
@@ -86,6 +113,8 @@ class Engine:
 
     def submit(self, reqs: list[Req]) -> None:
         """Hands requests to the loop in one batch (so the policy orders them together)."""
+        if self.fatal_error:
+            raise EngineBusy(f"the engine is stopping: {self.fatal_error}")
         if self.draining:
             raise EngineBusy("the server is shutting down")
         if len(self.scheduler.waiting) + len(reqs) > self.args.max_waiting_requests:
@@ -176,7 +205,7 @@ class Engine:
 
     def is_alive(self, max_stall_s: float = 60.0) -> bool:
         """The loop thread runs and has started an iteration within max_stall_s (a step may be long)."""
-        return self.loop.is_alive(max_stall_s)
+        return self.fatal_error is None and self.loop.is_alive(max_stall_s)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         end = time.monotonic() + timeout
@@ -198,7 +227,22 @@ class Engine:
 
     def shutdown(self) -> None:
         self.loop.stop()
+        if self.tp_group is not None:
+            self.tp_group.broken = self.fatal_error is not None
+            self.tp_group.stop(tell_workers=not self.loop.running)
         self.media_pool.shutdown(wait=False, cancel_futures=True)
+
+    def _tensor_parallel_failed(self, why: str) -> None:
+        """A rank died or the group broke (watchdog or loop thread): fail everything queued, refuse new
+        requests, and let the server stop (on_fatal)."""
+        if self.fatal_error is not None:
+            return
+        self.fatal_error = why
+        log.error("%s; the engine is stopping", why)
+        self.runner.failure = self.runner.failure or why
+        self.loop.call(lambda: self.scheduler.fail_all(TensorParallelError(why)))
+        if self.on_fatal is not None:
+            self.on_fatal(why)
 
     def __enter__(self):
         return self

@@ -60,6 +60,10 @@ class EngineLoop:
         return (self._thread.is_alive() and not self._stop.is_set()
                 and time.monotonic() - self.heartbeat < max_stall_s)
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():

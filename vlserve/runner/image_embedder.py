@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from vlserve.cache.vision_cache import VisionEmbeddingCache
-from vlserve.core.request import Req
+from vlserve.core.request import ImageSpan, Req
 from vlserve.metrics import Metrics
 
 
@@ -47,9 +47,13 @@ class ImageEmbedder:
                         ) -> tuple[list[int], torch.Tensor | None]:
         """Rows (relative to start) of image positions in [start, end) and their embeddings."""
         rows, parts = [], []
-        for span in req.images:
-            lo, hi = max(start, span.start), min(end, span.end)
-            if lo < hi:
-                rows.extend(range(lo - start, hi - start))
-                parts.append(embeds[span.content_hash][lo - span.start:hi - span.start])
+        for span, lo, hi in ImageEmbedder.overlaps(req, start, end):
+            rows.extend(range(lo - start, hi - start))
+            parts.append(embeds[span.content_hash][lo - span.start:hi - span.start])
         return rows, (torch.cat(parts) if parts else None)
+
+    @staticmethod
+    def overlaps(req: Req, start: int, end: int) -> list[tuple[ImageSpan, int, int]]:
+        """Each image span of req with positions in [start, end), and the positions lo:hi it covers there."""
+        return [(span, max(start, span.start), min(end, span.end)) for span in req.images
+                if max(start, span.start) < min(end, span.end)]
