@@ -149,8 +149,7 @@ class TensorParallelGroup:
                 log.warning("could not tell the tensor-parallel workers to stop (%s); ending them", e)
                 healthy = False
         end_processes(self.procs, grace_s=10 if healthy else 0)
-        if healthy:
-            leave()
+        leave()  # local (gloo closes its connections): safe with dead peers, and lets a later engine form a group
 
 
 def broadcast_config(config: WorkerConfig) -> None:

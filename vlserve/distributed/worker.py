@@ -76,6 +76,8 @@ def worker_main(rank: int, spec: GroupSpec, parent_pid: int | None = None) -> No
         log.exception("tensor-parallel rank %d stops: %s", rank, e)
         os._exit(1)  # no teardown through a broken group
     leave()
+    logging.shutdown()
+    os._exit(0)  # the interpreter's own teardown (library atexit hooks) took seconds, for nothing
 
 
 class _WorkerRuntime:

@@ -53,6 +53,7 @@ class Engine:
             check_shardable(text.num_heads, text.num_kv_heads, text.intermediate_size, args.tp_size)
         self.fatal_error: str | None = None  # set when a tensor-parallel rank dies: the engine is stopping
         self.on_fatal = None  # the server's hook: called (from a watchdog thread) with fatal_error
+        self._fatal_lock = threading.Lock()
         self.tokenizer = self.loaded.tokenizer
         if args.chat_template:
             self.tokenizer.chat_template = _read_template(args.chat_template)
@@ -235,9 +236,10 @@ class Engine:
     def _tensor_parallel_failed(self, why: str) -> None:
         """A rank died or the group broke (watchdog or loop thread): fail everything queued, refuse new
         requests, and let the server stop (on_fatal)."""
-        if self.fatal_error is not None:
-            return
-        self.fatal_error = why
+        with self._fatal_lock:  # reported by the watchdog and the loop thread alike: act once
+            if self.fatal_error is not None:
+                return
+            self.fatal_error = why
         log.error("%s; the engine is stopping", why)
         self.runner.failure = self.runner.failure or why
         self.loop.call(lambda: self.scheduler.fail_all(TensorParallelError(why)))

@@ -7,6 +7,8 @@ through loop.call_soon_threadsafe.
 """
 
 import logging
+import os
+import signal
 
 from pathlib import Path
 
@@ -73,11 +75,19 @@ def run_server(args: ServerArgs) -> int:
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.node_rank > 0:  # another machine's tensor-parallel ranks: no engine, no HTTP
+        from vlserve.distributed.launcher import run_worker_node
+        return run_worker_node(args.tp_size, args.nnodes, args.node_rank, args.dist_init_addr, args.device)
     engine = make_engine(args)
+    # a dead tensor-parallel rank stops the server as a signal would (drain, exit), with exit status 1
+    engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
     log.info("serving %s on http://%s:%d (dtype %s)", args.model_name(), args.host, args.port, engine.loaded.dtype_note)
     config = uvicorn.Config(build_app(engine, args), host=args.host, port=args.port, log_level=args.log_level.lower())
     try:
         GracefulServer(config, engine, args.shutdown_timeout).run()
     finally:
         engine.shutdown()
+    if engine.fatal_error:
+        log.error("stopped: %s", engine.fatal_error)
+        return 1
     return 0

@@ -1,0 +1,90 @@
+"""`vlserve serve --tp-size 2` on the built-in model, end to end: it answers as tp_size=1 does, a
+SIGTERM stops it with exit status 0 and no worker rank left; a worker rank killed under it takes the
+server down (exit status 1) with a message naming the rank, and no process is left behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tp_helpers import process_gone
+from server_helpers import png
+from vlserve import Engine
+from vlserve.distributed.group import free_port
+
+REQUEST = {"text": "USER: <image>\nWhat is in the picture? ASSISTANT:",
+           "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+
+
+def _serve_tp2() -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "vlserve", "serve", "--tp-size", "2", "--port", str(port),
+                             "--max-total-tokens", "4096", "--num-threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(900):
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the server did not start")
+
+
+def _worker_pids(pid: int) -> list[int]:
+    """The server's spawned worker ranks (its children running multiprocessing's spawn_main)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        children = [int(c) for c in f.read().split()]
+    found = []
+    for child in children:
+        try:
+            with open(f"/proc/{child}/cmdline") as f:
+                if "spawn_main" in f.read():
+                    found.append(child)
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def _generate(url: str, image: bytes) -> str:
+    import base64
+
+    body = {**REQUEST, "image_data": "data:image/png;base64," + base64.b64encode(image).decode()}
+    r = httpx.post(url + "/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["text"]
+
+
+def test_serve_tp2_answers_as_tp1_and_stops_cleanly():
+    image = png(seed=4)
+    with Engine(num_threads=1, max_total_tokens=4096) as engine:
+        want = engine.generate(prompt=REQUEST["text"], image_data=[image], sampling_params=REQUEST["sampling_params"])
+    proc, url = _serve_tp2()
+    try:
+        workers = _worker_pids(proc.pid)
+        assert len(workers) == 1
+        assert _generate(url, image) == want["text"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert all(process_gone(pid) for pid in workers), "a worker rank outlived the server"
+
+
+def test_a_killed_rank_takes_the_server_down_with_a_clear_message():
+    proc, url = _serve_tp2()
+    try:
+        workers = _worker_pids(proc.pid)
+        _generate(url, png(seed=5))
+        os.kill(workers[0], signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1
+        log = proc.stdout.read()
+        assert "tensor-parallel rank 1" in log and "SIGKILL" in log, log[-3000:]
+    finally:
+        proc.kill()
+    assert all(process_gone(pid) for pid in workers)
