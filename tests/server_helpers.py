@@ -57,6 +57,19 @@ def shared_server() -> tuple[object, BackgroundServer]:
 
 
 # ---- media ---------------------------------------------------------------------------------------
+def wait_healthy(proc, url: str, tries: int = 600) -> None:
+    """Polls url/health until 200 (the server subprocess must not exit meanwhile)."""
+    for _ in range(tries):
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the server did not start")
+
+
 def png(width: int = 40, height: int = 40, seed: int = 0) -> bytes:
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
     buf = io.BytesIO()

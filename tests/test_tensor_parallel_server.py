@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 
 from tp_helpers import process_gone
-from server_helpers import png
+from server_helpers import png, wait_healthy
 from vlserve import Engine
 from vlserve.distributed.group import free_port
 
@@ -26,15 +25,8 @@ def _serve_tp2() -> tuple[subprocess.Popen, str]:
                              "--max-total-tokens", "4096", "--num-threads", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(900):
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("the server did not start")
+    wait_healthy(proc, url, tries=900)
+    return proc, url
 
 
 def _worker_pids(pid: int) -> list[int]:
