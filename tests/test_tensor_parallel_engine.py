@@ -1,7 +1,7 @@
 """Engine(tp_size=2) on the CPU (gloo, 2 processes) against tp_size=1: the same greedy tokens and
 logits within 1e-4 at every step, for a GQA and an MHA checkpoint, on a batch with a text-only, a
 one-image and a two-image request (chunked so images span steps), then a radix-cache hit and a
-vision-cache hit; start-up and shutdown leave no process behind; a killed rank ends the running
+vision-cache hit, then the same image after /flush_cache; pixels are sent for new images only; start-up and shutdown leave no process behind; a killed rank ends the running
 request with an error naming it, within seconds, and the engine refuses new work."""
 
 import io
@@ -19,6 +19,7 @@ from PIL import Image
 from tp_helpers import process_gone
 from vlserve import Engine
 from vlserve.core.errors import EngineBusy
+from vlserve.distributed import step_message, tp_runner
 from vlserve.model.tiny import TinyModelSpec, make_tiny_model
 
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
@@ -47,7 +48,9 @@ def gqa_checkpoint(tmp_path_factory):
     return _checkpoint(tmp_path_factory, "gqa-kill", 2)
 
 
-def _run(model_dir: str, tp_size: int) -> dict:
+def _run(model_dir: str, tp_size: int, monkeypatch) -> dict:
+    sent = []  # the StepMessages rank 0 broadcast
+    monkeypatch.setattr(tp_runner, "broadcast", lambda msg: sent.append(msg) or step_message.broadcast(msg))
     with Engine(model_dir, tp_size=tp_size, **ENGINE) as engine:
         steps = []
         forward = engine.runner.forward
@@ -57,19 +60,24 @@ def _run(model_dir: str, tp_size: int) -> dict:
                                 image_data=[None, [_png(1)], [_png(2), _png(3)]], sampling_params=GREEDY)
         again = engine.generate(prompt=[ONE_IMAGE + " It is", "USER: Other words first. <image>\nAnd? ASSISTANT:"],
                                 image_data=[[_png(1)], [_png(2)]], sampling_params=GREEDY)
+        assert engine.flush_cache()  # both caches emptied, on every rank: the image is encoded again
+        flushed = engine.generate(prompt=ONE_IMAGE, image_data=[_png(1)], sampling_params=GREEDY)
         assert engine.wait_idle()
         engine.scheduler.cm.check_idle_accounting()
         pids = [p.pid for p in engine.tp_group.procs.values()] if engine.tp_group else []
         vision_hits = engine.metrics.vision_cache_hits._value.get()
-    return {"ids": [o["output_ids"] for o in first + again], "steps": steps, "pids": pids,
-            "cached": [o["meta_info"]["cached_tokens"] for o in again], "vision_hits": vision_hits}
+    return {"ids": [o["output_ids"] for o in first + again + [flushed]], "steps": steps, "pids": pids,
+            "cached": [o["meta_info"]["cached_tokens"] for o in again + [flushed]], "vision_hits": vision_hits,
+            "pixels_sent": sum(m.new_pixels.shape[0] for m in sent if m is not None and m.new_pixels is not None)}
 
 
-def test_tp2_equals_tp1_token_for_token_and_logits_within_1e_4(checkpoint):
-    one, two = _run(checkpoint, 1), _run(checkpoint, 2)
-    assert two["ids"] == one["ids"]
+def test_tp2_equals_tp1_token_for_token_and_logits_within_1e_4(checkpoint, monkeypatch):
+    one, two = _run(checkpoint, 1, monkeypatch), _run(checkpoint, 2, monkeypatch)
+    assert two["ids"] == one["ids"] and two["ids"][-1] == two["ids"][1]
     assert two["cached"][0] > 16 and two["cached"] == one["cached"]  # the first request's prompt, image included
+    assert two["cached"][-1] == 0
     assert two["vision_hits"] >= 1  # the second image again, after other words: its embedding from the cache
+    assert two["pixels_sent"] == 4  # new images only: three, and the first again after the flush
     assert len(two["steps"]) == len(one["steps"])
     for i, (a, b) in enumerate(zip(one["steps"], two["steps"])):
         assert a.shape == b.shape, f"step {i}"
