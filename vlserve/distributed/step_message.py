@@ -8,6 +8,11 @@ carries the pixels of the images rank 0 encoded this step (new images only) and 
 rank 0 did on its vision-embedding cache since the last message, which the worker replays on a
 cache of the same size, so the two caches hold the same entries (the invariant: a hash rank 0 read
 from its cache is in the worker's).
+
+Cost: the rows are sent whole every step (4 bytes per token of context per request: 2 MB for 128
+requests of 4k tokens), which spares the workers a mirror of the table that every admission, cache
+hit, retraction and jump-forward would have to keep in step. One pickled object per step
+(broadcast_object_list), tensors on the CPU.
 """
 
 from dataclasses import dataclass, field

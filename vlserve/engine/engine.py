@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 class Engine:
     def __init__(self, model: str | None = None, **kwargs):
         self.args = args = EngineArgs(model=model, **kwargs)
+        if args.node_rank > 0:
+            raise ValueError("node_rank > 0 runs only tensor-parallel worker ranks (`vlserve serve --node-rank N`); "
+                             "the engine is node 0's")
         threads = configure_compute_threads(args.num_threads or (
             threads_per_rank(args.tp_size, args.nnodes) if args.tp_size > 1 else None))
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
