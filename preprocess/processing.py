@@ -1,8 +1,8 @@
-"""Resize / crop / rescale / normalise per a Hugging Face image-processor config (CLIP and LLaVA-1.5 style).
+"""Resize / crop / rescale / normalise per a Hugging Face image-processor config (CLIP, LLaVA-1.5, SigLIP).
 
 The arithmetic follows transformers' PIL backend step for step (PIL resize on uint8 RGB, integer
 centre-crop offsets, rescale in float64 then cast to float32, normalise in float32), so the output
-matches CLIPImageProcessor / LlavaImageProcessor bit for bit.
+matches CLIPImageProcessor / LlavaImageProcessor / SiglipImageProcessor (their PIL backends) bit for bit.
 """
 
 from dataclasses import dataclass
@@ -15,7 +15,17 @@ from .image_loader import to_rgb
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+IMAGENET_STANDARD_MEAN = (0.5, 0.5, 0.5)
+IMAGENET_STANDARD_STD = (0.5, 0.5, 0.5)
 PIL_BICUBIC = 3
+
+# What a processor class assumes for the keys its saved config leaves out (transformers' class
+# attributes), by the image_processor_type prefix; CLIP's (the dataclass defaults) otherwise.
+# SigLIP: resize to exactly 224x224, no centre crop, normalise with 0.5/0.5.
+_CLASS_DEFAULTS = {
+    "Siglip": {"size": {"height": 224, "width": 224}, "do_center_crop": False,
+               "image_mean": IMAGENET_STANDARD_MEAN, "image_std": IMAGENET_STANDARD_STD},
+}
 
 
 @dataclass(frozen=True)
@@ -44,9 +54,11 @@ class ImageProcessing:
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> "ImageProcessing":
-        """From the dict in a checkpoint's preprocessor_config.json; missing keys take CLIP's defaults."""
+        """From the dict in a checkpoint's preprocessor_config.json; missing keys take the defaults of
+        its image_processor_type (CLIP's when it is none of _CLASS_DEFAULTS)."""
         defaults = cls()
         processor_type = config.get("image_processor_type", "LlavaImageProcessor")
+        config = {**_class_defaults(processor_type), **config}
         shortest_edge, resize_to = _parse_size(config.get("size", {"shortest_edge": 224}))
         return cls(
             do_convert_rgb=bool(config.get("do_convert_rgb", True)),
@@ -94,6 +106,10 @@ class ImageProcessing:
         short, long = (width, height) if width <= height else (height, width)
         new_short, new_long = self.shortest_edge, int(self.shortest_edge * long / short)
         return (new_long, new_short) if width <= height else (new_short, new_long)
+
+
+def _class_defaults(processor_type: str) -> dict[str, Any]:
+    return next((d for prefix, d in _CLASS_DEFAULTS.items() if processor_type.startswith(prefix)), {})
 
 
 def pad_to_square(image: Image.Image, fill: tuple[int, int, int]) -> Image.Image:

@@ -32,6 +32,7 @@ class RequestBuilder:
     pool_capacity: int  # KV slots in the pool: no request may need more
     compiler: ConstraintCompiler
     image_cache: ProcessedImageCache  # the same upload again skips decode, resize and hashing
+    context_note: str = ""  # why context_len is below the model's positions (a sliding window), for 400s
 
     def build(self, prompt: str | None = None, input_ids: list[int] | None = None,
               image_data: list | None = None, video_data: list | None = None,
@@ -88,7 +89,8 @@ class RequestBuilder:
         room = min(self.context_len, self.pool_capacity) - prompt_len
         if room < 1:
             raise InvalidRequest(f"the prompt has {prompt_len} tokens: no room to generate within the context "
-                                 f"length of {self.context_len} tokens and the KV pool of {self.pool_capacity}")
+                                 f"length of {self.context_len} tokens and the KV pool of {self.pool_capacity}"
+                                 + (f" ({self.context_note})" if self.context_note else ""))
         return room
 
     def _check_length(self, prompt_len: int, params: SamplingParams) -> None:
@@ -96,7 +98,8 @@ class RequestBuilder:
             raise InvalidRequest("the prompt is empty")
         if prompt_len + params.max_new_tokens > self.context_len:
             raise InvalidRequest(f"the prompt has {prompt_len} tokens and max_new_tokens is {params.max_new_tokens}: "
-                                 f"together over the context length of {self.context_len} tokens")
+                                 f"together over the context length of {self.context_len} tokens"
+                                 + (f" ({self.context_note})" if self.context_note else ""))
         if prompt_len + params.max_new_tokens > self.pool_capacity:
             raise InvalidRequest(f"the request needs up to {prompt_len + params.max_new_tokens} KV slots, "
                                  f"over the KV pool of {self.pool_capacity}")
