@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from .hashing import content_hash
 from .image_loader import to_rgb
+from .processed import ProcessedImage
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -63,8 +65,8 @@ class ImageProcessing:
         return cls(
             do_convert_rgb=bool(config.get("do_convert_rgb", True)),
             # `do_pad` means pad-to-square only on LlavaImageProcessor; elsewhere it pads a batch to
-            # its largest image, a no-op for one image.
-            do_pad_to_square=bool(config.get("do_pad", False)) and processor_type.startswith("Llava"),
+            # its largest image (LLaVA-NeXT: to the most tiles), a no-op for one image.
+            do_pad_to_square=bool(config.get("do_pad", False)) and processor_type.startswith("LlavaImageProcessor"),
             do_resize=bool(config.get("do_resize", True)),
             shortest_edge=shortest_edge,
             resize_to=resize_to,
@@ -98,6 +100,18 @@ class ImageProcessing:
             std = np.asarray(self.image_std, dtype=np.float32)[:, None, None]
             pixels = (pixels - mean) / std
         return np.ascontiguousarray(pixels, dtype=np.float32)
+
+    def process(self, image: Image.Image) -> ProcessedImage:
+        pixels = self(image)
+        return ProcessedImage(pixels, content_hash(pixels))
+
+    def for_image_count(self, n: int) -> "ImageProcessing":
+        """The processing for each image of a prompt with n images (the same, whatever n)."""
+        return self
+
+    def process_frames(self, frames: list[Image.Image]) -> list[ProcessedImage]:
+        """A video's sampled frames, each as a picture."""
+        return [self.process(f) for f in frames]
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         """(height, width) after resizing; with shortest_edge the long side is truncated, as transformers does."""

@@ -1,12 +1,15 @@
 """Driving the model runner directly (no scheduler): a batch of prompts prefilled together, then one
 token per request per step — how the parity tests compare the paged model with transformers."""
 
+import torch
+
 from vlserve.core.forward_batch import ExtendSlice, build_forward_batch
 
 
-def batched_logits(runner, cfg, prompts, pixels, steps: int, choose) -> list[list]:
-    """prompts: [(ids, number of images)]; pixels: per prompt [k, 3, H, W] or None. choose(step, logits)
-    gives each request's next token. Returns per request the logits after the prompt and each step."""
+def batched_logits(runner, cfg, prompts, pixels, steps: int, choose, image_sizes=None) -> list[list]:
+    """prompts: [(ids, number of images)]; pixels: per prompt [k, 3, H, W] (or a list of k anyres
+    [views, 3, H, W], with image_sizes per prompt) or None. choose(step, logits) gives each
+    request's next token. Returns per request the logits after the prompt and each step."""
     memory = runner.memory
     rows = [memory.req_to_token.alloc() for _ in prompts]
 
@@ -22,7 +25,7 @@ def batched_logits(runner, cfg, prompts, pixels, steps: int, choose) -> list[lis
     slices = []
     for i, ((ids, k), px) in enumerate(zip(prompts, pixels)):
         image_rows = [j for j, t in enumerate(ids) if t == cfg.image_token_id]
-        embeds = runner.encode_images(px).reshape(-1, cfg.text.hidden_size) if k else None
+        embeds = torch.cat(runner.encode_images(list(px), image_sizes[i] if image_sizes else None)) if k else None
         slices.append(slice_for(i, 0, ids, embeds, image_rows))
     out, logits = [[] for _ in prompts], forward(slices)
     for step in range(steps + 1):

@@ -15,7 +15,7 @@ from vlserve.core.request import Req
 from vlserve.core.sampling_params import SamplingParams
 from vlserve.engine.prompt import PromptMedia, expand_image_tokens, expand_text, tokenize_text
 from vlserve.model.config import ModelConfig
-from vlserve.preprocess import ImageProcessing, MediaLimits, ProcessedImageCache, check_image_count, prepare_video
+from vlserve.preprocess import MediaLimits, ProcessedImageCache, check_image_count, prepare_video
 
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
@@ -25,7 +25,7 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
 class RequestBuilder:
     tokenizer: object
     config: ModelConfig
-    processing: ImageProcessing
+    processing: object  # preprocess.ImageProcessing or AnyresProcessing (the model's)
     limits: MediaLimits
     video_frames: int  # default frames sampled per video
     context_len: int
@@ -66,7 +66,7 @@ class RequestBuilder:
             raise InvalidRequest("give exactly one of prompt (text) or input_ids")
         ids, ordered = self._tokens(prompt, input_ids, _as_list(image_data, "image_data"),
                                     _as_list(video_data, "video_data"), video_num_frames, video_fps)
-        return expand_image_tokens(ids, self.config.image_token_id, ordered, self.config.tokens_per_image)
+        return expand_image_tokens(ids, self.config.image_token_id, ordered, self.config.image_tokens)
 
     def _tokens(self, prompt, input_ids, image_data, video_data, video_num_frames, video_fps):
         """Token ids (one image token per image or frame) and the processed images in their order."""

@@ -6,6 +6,7 @@ from typing import Any, Callable
 import torch
 
 from vlserve.core.errors import CheckpointError
+from vlserve.model.anyres_layout import AnyresLayout
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
@@ -43,8 +44,17 @@ class ModelConfig:
     patch_size: int
     dtype: torch.dtype
 
+    anyres: AnyresLayout | None = None  # LLaVA-NeXT: tiles, so the token count depends on the image
+
+    def image_tokens(self, image_size: tuple[int, int] | None) -> int:
+        """Placeholder tokens for an image of this original (height, width); None: a single view."""
+        if self.anyres is None or image_size is None:
+            return self.tokens_per_image
+        return self.tokens_per_image + self.anyres.tile_tokens(image_size)
+
     @property
     def tokens_per_image(self) -> int:
+        """Tokens of one view (a whole image in LLaVA-1.5, a video frame, one anyres tile)."""
         # transformers' get_image_features drops the first position under "default" whether or not
         # it is a CLS token (with SigLIP it drops a patch), so count exactly that.
         n = (self.image_size // self.patch_size) ** 2 + self.vision_has_cls

@@ -13,8 +13,8 @@ from torch import nn
 
 from vlserve.core.errors import CheckpointError
 from vlserve.model.config import ModelConfig, model_config_from_hf
-from vlserve.model.llava import LlavaForServing
-from vlserve.preprocess import ImageProcessing
+from vlserve.model.llava import LlavaForServing, LlavaNextForServing, llava_next_config_from_hf
+from vlserve.preprocess import AnyresProcessing, ImageProcessing
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Family:
     vision_models: tuple[str, ...]  # vision_config.model_type values served
     build_model: Callable[[ModelConfig], nn.Module]  # built on the meta device, then loaded
     config_from_hf: Callable[[Any], ModelConfig]
-    image_processing: Callable[[dict], ImageProcessing]  # from the image-processor config dict
+    image_processing: Callable[[dict], Any]  # ImageProcessing / AnyresProcessing from the image-processor config dict
 
     def describe(self) -> str:
         return f"{self.architecture} (text: {', '.join(self.text_models)}; vision: {', '.join(self.vision_models)})"
@@ -37,7 +37,13 @@ LLAVA = Family(
     build_model=LlavaForServing, config_from_hf=model_config_from_hf,
     image_processing=ImageProcessing.from_hf_config)
 
-FAMILIES: dict[str, Family] = {f.architecture: f for f in (LLAVA,)}
+LLAVA_NEXT = Family(
+    architecture="LlavaNextForConditionalGeneration", model_type="llava_next",
+    text_models=("llama", "mistral", "qwen2"), vision_models=("clip_vision_model", "siglip_vision_model"),
+    build_model=LlavaNextForServing, config_from_hf=llava_next_config_from_hf,
+    image_processing=AnyresProcessing.from_hf_config)
+
+FAMILIES: dict[str, Family] = {f.architecture: f for f in (LLAVA, LLAVA_NEXT)}
 
 # Architectures people try that vlserve does not serve, with what stands in the way.
 REFUSED: dict[str, str] = {
@@ -47,7 +53,6 @@ REFUSED: dict[str, str] = {
     "Idefics3ForConditionalGeneration": "Idefics3: pixel-shuffled image splitting",
     "MllamaForConditionalGeneration": "Llama 3.2 Vision: cross-attention image layers",
     "PaliGemmaForConditionalGeneration": "PaliGemma: bidirectional attention over the image prefix",
-    "LlavaNextForConditionalGeneration": "LLaVA-NeXT: anyres tiling is not served yet",
     "LlavaOnevisionForConditionalGeneration": "LLaVA-OneVision: anyres_max tiling is not served yet",
     "LlavaNextVideoForConditionalGeneration": "LLaVA-NeXT-Video: video pooling is not served yet",
 }

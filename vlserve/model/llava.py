@@ -1,28 +1,36 @@
 """LLaVA for serving: image embeddings scattered into placeholder rows, then the paged decoder."""
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
 from vlserve.memory.kv_pool import KVPool
 from vlserve.model.attention import AttentionBackend
-from vlserve.model.config import ModelConfig
+from vlserve.model.anyres_layout import AnyresLayout
+from vlserve.model.config import ModelConfig, model_config_from_hf
 from vlserve.core.forward_batch import ForwardBatch
 from vlserve.model.llama import LlamaDecoder
+from vlserve.model.llava_next import AnyresVisionEncoder
 from vlserve.model.vision import VisionEncoder
 
 
 class LlavaForServing(nn.Module):
+    vision_encoder = VisionEncoder  # what turns an image's views into its placeholder rows' embeddings
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.vision = VisionEncoder(cfg)
+        self.vision = self.vision_encoder(cfg)
         self.language_model = LlamaDecoder(cfg.text)
         self.lm_head = nn.Linear(cfg.text.hidden_size, cfg.text.vocab_size, bias=False)
         if cfg.text.tie_word_embeddings:
             self.lm_head.weight = self.language_model.embed_tokens.weight
 
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.vision(pixel_values)
+    def encode_images(self, pixel_values: list[torch.Tensor], image_sizes: list) -> list[torch.Tensor]:
+        """Per image its pixels ([3, H, W], or [views, 3, H, W]) and original (height, width) → per
+        image the embeddings of its placeholder rows, [cfg.image_tokens(size), hidden]."""
+        return self.vision.encode(pixel_values, image_sizes)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend) -> torch.Tensor:
@@ -32,3 +40,16 @@ class LlavaForServing(nn.Module):
             hidden[batch.image_mask] = batch.image_embeds.to(hidden.dtype)
         hidden = self.language_model(hidden, batch, kv, attn)
         return self.lm_head(hidden[batch.logits_rows]).float()
+
+
+def llava_next_config_from_hf(hf) -> ModelConfig:
+    """LLaVA-1.5's config plus the anyres layout: the grid pinpoints and the tiles' feature grid."""
+    cfg = model_config_from_hf(hf)
+    side = cfg.image_size // cfg.patch_size
+    pinpoints = tuple(tuple(int(v) for v in p) for p in hf.image_grid_pinpoints)
+    return replace(cfg, anyres=AnyresLayout(pinpoints, cfg.image_size, side))
+
+
+class LlavaNextForServing(LlavaForServing):
+    """LLaVA-NeXT: the same decoder; images as a base view plus anyres tiles (llava_next.py)."""
+    vision_encoder = AnyresVisionEncoder

@@ -43,6 +43,8 @@ _KEY_PREFIXES = (
     ("vision_tower.", "vision.vision_tower."),
     ("multi_modal_projector.", "vision.multi_modal_projector."),
     ("lm_head.", "lm_head."),
+    ("model.image_newline", "vision.image_newline"),  # LLaVA-NeXT
+    ("image_newline", "vision.image_newline"),
 )
 
 

@@ -93,6 +93,11 @@ def save_processor(out_dir: str, spec: TinyModelSpec, tokenizer) -> None:
     processor = {"processor_class": "LlavaProcessor", "patch_size": spec.patch_size,
                  "vision_feature_select_strategy": spec.vision_feature_select_strategy,
                  "num_additional_image_tokens": 1, "image_token": IMAGE_TOKEN}
+    write_processor_files(out_dir, image_processor, processor)
+
+
+def write_processor_files(out_dir: str, image_processor: dict, processor: dict) -> None:
+    """preprocessor_config.json, processor_config.json and the chat template, as transformers writes them."""
     for name, data in (("preprocessor_config.json", image_processor), ("processor_config.json", processor)):
         with open(os.path.join(out_dir, name), "w") as f:
             json.dump(data, f, indent=2)

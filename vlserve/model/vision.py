@@ -56,3 +56,7 @@ class VisionEncoder(nn.Module):
         if self.cfg.vision_feature_select_strategy == "default":
             feats = [f[:, 1:] for f in feats]  # drop CLS (SigLIP has none: transformers drops a patch, so do we)
         return self.multi_modal_projector(torch.cat(feats, dim=-1))
+
+    def encode(self, pixel_values: list[torch.Tensor], image_sizes: list) -> list[torch.Tensor]:
+        """One [3, H, W] view per image → per image [tokens_per_image, text_hidden], in one tower batch."""
+        return list(self(torch.stack(pixel_values)))
