@@ -74,6 +74,7 @@ class AnyresProcessing:
     # OneVision: an image that shares its prompt with others is not tiled but padded to a square
     # (mean colour) and resized, one view; None: always tiled (LLaVA-NeXT)
     multi_image: ImageProcessing | None = None
+    pooled_frames: bool = False  # OneVision: video frames marked for pooling (PooledVideoProcessing)
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> "AnyresProcessing":
@@ -88,12 +89,14 @@ class AnyresProcessing:
     def onevision_from_hf_config(cls, config: dict[str, Any]) -> "AnyresProcessing":
         """LlavaOnevisionImageProcessor: tiles for a lone image, a padded square view among several."""
         tiled = cls.from_hf_config(config)
-        return replace(tiled, multi_image=replace(tiled.views, do_pad_to_square=True))
+        return replace(tiled, multi_image=replace(tiled.views, do_pad_to_square=True), pooled_frames=True)
 
     def for_image_count(self, n: int):
         return self.multi_image if n > 1 and self.multi_image is not None else self
 
     def process_frames(self, frames: list[Image.Image]) -> list[ProcessedImage]:
+        if self.pooled_frames:
+            return PooledVideoProcessing(self.views).process_frames(frames)
         return [self.views.process(f) for f in frames]  # frames are never tiled
 
     def __call__(self, image: Image.Image) -> np.ndarray:

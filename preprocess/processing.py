@@ -27,6 +27,7 @@ PIL_BICUBIC = 3
 _CLASS_DEFAULTS = {
     "Siglip": {"size": {"height": 224, "width": 224}, "do_center_crop": False,
                "image_mean": IMAGENET_STANDARD_MEAN, "image_std": IMAGENET_STANDARD_STD},
+    "LlavaOnevision": {"size": {"height": 384, "width": 384}, "do_center_crop": False},
 }
 
 
@@ -72,7 +73,7 @@ class ImageProcessing:
             resize_to=resize_to,
             resample=int(config.get("resample", PIL_BICUBIC)),
             do_center_crop=bool(config.get("do_center_crop", True)),
-            crop_size=_parse_crop_size(config.get("crop_size", {"height": 224, "width": 224})),
+            crop_size=_parse_crop_size(config.get("crop_size") or {"height": 224, "width": 224}),  # null: no crop
             do_rescale=bool(config.get("do_rescale", True)),
             rescale_factor=float(config.get("rescale_factor", defaults.rescale_factor)),
             do_normalize=bool(config.get("do_normalize", True)),

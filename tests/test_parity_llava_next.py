@@ -68,7 +68,7 @@ def test_token_counts_and_ids_match_the_transformers_processor(checkpoint, hf):
     ref = processor(text=text, images=images, return_tensors="pt")["input_ids"][0].tolist()
     with Engine(checkpoint, max_total_tokens=4096) as engine:
         ids = engine.tokenize(prompt=text, image_data=[_png(im) for im in images])
-        counts = [engine.loaded.config.image_tokens(s) for s in SIZES]
+        counts = [engine.loaded.config.tiled_image_tokens(s) for s in SIZES]
     img_id = engine.loaded.config.image_token_id
     assert len(ids) == len(ref)
     assert [t for t in ids if t < 2**62] == [t for t in ref if t != img_id]
@@ -128,7 +128,7 @@ def test_engine_matches_transformers_and_reuses_tiled_images(checkpoint, hf, pag
         lps = [lp for lp, _ in out["meta_info"]["output_token_logprobs"]]
         assert max(abs(a - b) for a, b in zip(lps, ref_lps)) < 1e-4, prompt
         assert rep["output_ids"] == ref_ids
-        image_tokens = sum(cfg.image_tokens(s) for s in sizes)
+        image_tokens = sum(cfg.tiled_image_tokens(s) for s in sizes)
         assert rep["meta_info"]["cached_tokens"] >= image_tokens
         # all but the last prompt token (it must be computed for its logits), in whole pages
         assert rep["meta_info"]["cached_tokens"] == (rep["meta_info"]["prompt_tokens"] - 1) // page_size * page_size

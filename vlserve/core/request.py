@@ -30,6 +30,7 @@ class ImageSpan:
     # after a retraction or an eviction of its KV and of its vision-cache entry, the tower must run on it again.
     pixel_values: Any
     image_size: tuple[int, int] | None = None  # original (height, width), for models whose features depend on it
+    role: str = "image"  # or "frame" / "last_frame" of a video (preprocess.ProcessedImage.role)
 
     @property
     def end(self) -> int:

@@ -59,9 +59,9 @@ def tokenize_text(tokenizer, text: str) -> list[int]:
 
 
 def expand_image_tokens(ids: list[int], image_token_id: int, images: list[ProcessedImage],
-                        image_tokens: Callable[[tuple[int, int] | None], int]) -> tuple[list[int], list[ImageSpan]]:
-    """Replaces each image token with the image's pseudo-token ids, as many as
-    image_tokens(its original size) says (ModelConfig.image_tokens)."""
+                        image_tokens: Callable[[ProcessedImage], int]) -> tuple[list[int], list[ImageSpan]]:
+    """Replaces each image token with the image's pseudo-token ids, as many as image_tokens(image)
+    says (ModelConfig.image_tokens)."""
     count = ids.count(image_token_id)
     if count != len(images):
         raise InvalidRequest(f"the prompt has {count} image tokens for {len(images)} images/frames")
@@ -71,7 +71,7 @@ def expand_image_tokens(ids: list[int], image_token_id: int, images: list[Proces
             out.append(t)
             continue
         img = next(it)
-        n = image_tokens(img.image_size)
-        spans.append(ImageSpan(len(out), n, img.content_hash, img.pixel_values, img.image_size))
+        n = image_tokens(img)
+        spans.append(ImageSpan(len(out), n, img.content_hash, img.pixel_values, img.image_size, img.role))
         out.extend(pad_values(img.content_hash, n))
     return out, spans

@@ -71,7 +71,8 @@ class RequestBuilder:
     def _tokens(self, prompt, input_ids, image_data, video_data, video_num_frames, video_fps):
         """Token ids (one image token per image or frame) and the processed images in their order."""
         check_image_count(len(image_data), self.limits)
-        images = [self.image_cache.prepare_image(src, self.processing, self.limits) for src in image_data]
+        processing = self.processing.for_image_count(len(image_data))  # OneVision tiles a lone image only
+        images = [self.image_cache.prepare_image(src, processing, self.limits) for src in image_data]
         frames_kw = ({"fps": video_fps} if video_fps is not None and video_num_frames is None
                      else {"num_frames": video_num_frames or (None if video_fps else self.video_frames), "fps": video_fps})
         videos = [prepare_video(src, self.processing, self.limits, **frames_kw) for src in video_data]

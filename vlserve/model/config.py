@@ -46,10 +46,19 @@ class ModelConfig:
 
     anyres: AnyresLayout | None = None  # LLaVA-NeXT: tiles, so the token count depends on the image
 
-    def image_tokens(self, image_size: tuple[int, int] | None) -> int:
-        """Placeholder tokens for an image of this original (height, width); None: a single view."""
-        if self.anyres is None or image_size is None:
+    def image_tokens(self, image) -> int:
+        """Placeholder tokens for a preprocess.ProcessedImage: by its views, original size and role."""
+        layout = self.anyres
+        if layout is None:
             return self.tokens_per_image
+        if image.role != "image" and layout.pooled_video:
+            return layout.pooled_side ** 2 + (image.role == "last_frame")
+        if image.pixel_values.ndim == 3:  # one view: a video frame, or (OneVision) one of several images
+            return self.tokens_per_image + layout.single_view_newline
+        return self.tiled_image_tokens(image.image_size)
+
+    def tiled_image_tokens(self, image_size: tuple[int, int]) -> int:
+        """An anyres image of this original (height, width): the base view, then the tiles' rows."""
         return self.tokens_per_image + self.anyres.tile_tokens(image_size)
 
     @property

@@ -13,7 +13,9 @@ from torch import nn
 
 from vlserve.core.errors import CheckpointError
 from vlserve.model.config import ModelConfig, model_config_from_hf
-from vlserve.model.llava import LlavaForServing, LlavaNextForServing, llava_next_config_from_hf
+from vlserve.model.llava import (
+    LlavaForServing, LlavaNextForServing, llava_next_config_from_hf, llava_onevision_config_from_hf,
+)
 from vlserve.preprocess import AnyresProcessing, ImageProcessing
 
 
@@ -43,7 +45,13 @@ LLAVA_NEXT = Family(
     build_model=LlavaNextForServing, config_from_hf=llava_next_config_from_hf,
     image_processing=AnyresProcessing.from_hf_config)
 
-FAMILIES: dict[str, Family] = {f.architecture: f for f in (LLAVA, LLAVA_NEXT)}
+LLAVA_ONEVISION = Family(
+    architecture="LlavaOnevisionForConditionalGeneration", model_type="llava_onevision",
+    text_models=("qwen2", "llama", "mistral"), vision_models=("siglip_vision_model", "clip_vision_model"),
+    build_model=LlavaNextForServing, config_from_hf=llava_onevision_config_from_hf,
+    image_processing=AnyresProcessing.onevision_from_hf_config)
+
+FAMILIES: dict[str, Family] = {f.architecture: f for f in (LLAVA, LLAVA_NEXT, LLAVA_ONEVISION)}
 
 # Architectures people try that vlserve does not serve, with what stands in the way.
 REFUSED: dict[str, str] = {
@@ -53,7 +61,6 @@ REFUSED: dict[str, str] = {
     "Idefics3ForConditionalGeneration": "Idefics3: pixel-shuffled image splitting",
     "MllamaForConditionalGeneration": "Llama 3.2 Vision: cross-attention image layers",
     "PaliGemmaForConditionalGeneration": "PaliGemma: bidirectional attention over the image prefix",
-    "LlavaOnevisionForConditionalGeneration": "LLaVA-OneVision: anyres_max tiling is not served yet",
     "LlavaNextVideoForConditionalGeneration": "LLaVA-NeXT-Video: video pooling is not served yet",
 }
 

@@ -5,6 +5,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from vlserve.core.errors import CheckpointError
 from vlserve.memory.kv_pool import KVPool
 from vlserve.model.attention import AttentionBackend
 from vlserve.model.anyres_layout import AnyresLayout
@@ -27,10 +28,12 @@ class LlavaForServing(nn.Module):
         if cfg.text.tie_word_embeddings:
             self.lm_head.weight = self.language_model.embed_tokens.weight
 
-    def encode_images(self, pixel_values: list[torch.Tensor], image_sizes: list) -> list[torch.Tensor]:
-        """Per image its pixels ([3, H, W], or [views, 3, H, W]) and original (height, width) → per
-        image the embeddings of its placeholder rows, [cfg.image_tokens(size), hidden]."""
-        return self.vision.encode(pixel_values, image_sizes)
+    def encode_images(self, pixel_values: list[torch.Tensor], image_sizes: list, roles: list[str] | None = None
+                      ) -> list[torch.Tensor]:
+        """Per image its pixels ([3, H, W], or [views, 3, H, W]), original (height, width) and role
+        (preprocess.ProcessedImage) → per image the embeddings of its placeholder rows,
+        [cfg.image_tokens(image), hidden]."""
+        return self.vision.encode(pixel_values, image_sizes, roles)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend) -> torch.Tensor:
@@ -50,6 +53,17 @@ def llava_next_config_from_hf(hf) -> ModelConfig:
     return replace(cfg, anyres=AnyresLayout(pinpoints, cfg.image_size, side))
 
 
+def llava_onevision_config_from_hf(hf) -> ModelConfig:
+    """LLaVA-NeXT's plus anyres_max scaling, a newline after an untiled image, pooled video frames."""
+    cfg = llava_next_config_from_hf(hf)
+    aspect = getattr(hf, "vision_aspect_ratio", "anyres_max_9")
+    if not aspect.startswith("anyres_max_"):
+        raise CheckpointError(f"unsupported vision_aspect_ratio {aspect!r}; served: anyres_max_N")
+    max_tiles = int(aspect[len("anyres_max_"):])
+    return replace(cfg, anyres=replace(cfg.anyres, max_tiles=max_tiles, single_view_newline=True, pooled_video=True))
+
+
 class LlavaNextForServing(LlavaForServing):
-    """LLaVA-NeXT: the same decoder; images as a base view plus anyres tiles (llava_next.py)."""
+    """LLaVA-NeXT and OneVision: the same decoder; images as a base view plus anyres tiles
+    (llava_next.py), what differs between the two being in the config's AnyresLayout."""
     vision_encoder = AnyresVisionEncoder

@@ -7,6 +7,8 @@ import os
 import torch
 
 from vlserve.model.checkpoint_tools import IMAGE_TOKEN, clip_image_processor_kwargs
+
+VIDEO_TOKEN = "<video>"
 from vlserve.model.tiny import TinyModelSpec, build_hf_config, train_tokenizer, write_processor_files
 
 # LLaVA-NeXT's default pinpoints (336 px tiles: 1x2, 2x1, 2x2, 1x3, 3x1), in tiles of the tiny tower
@@ -49,4 +51,52 @@ def make_tiny_llava_next(out_dir: str, seed: int = 0, spec: TinyModelSpec | None
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     save_llava_next_processor(out_dir, spec)
+    return out_dir
+
+
+# OneVision's pinpoints are every grid of 1..6 x 1..6 tiles; the tiny one takes 1..4 x 1..4 and
+# anyres_max_4, so that wide and large pictures reach the scaling-down past the maximum.
+ONEVISION_GRID = tuple((r, c) for r in range(1, 5) for c in range(1, 5))
+ONEVISION_MAX = "anyres_max_4"
+
+
+def build_llava_onevision_config(spec: TinyModelSpec, tokenizer):
+    from transformers import LlavaOnevisionConfig
+
+    base = build_hf_config(spec, tokenizer)
+    return LlavaOnevisionConfig(
+        vision_config=base.vision_config, text_config=base.text_config, image_token_index=base.image_token_id,
+        video_token_index=tokenizer.convert_tokens_to_ids(VIDEO_TOKEN),
+        vision_feature_layer=spec.vision_feature_layer, vision_feature_select_strategy=spec.vision_feature_select_strategy,
+        image_grid_pinpoints=[[r * spec.image_size, c * spec.image_size] for r, c in ONEVISION_GRID],
+        vision_aspect_ratio=ONEVISION_MAX, tie_word_embeddings=spec.tie_word_embeddings)
+
+
+def save_llava_onevision_processor(out_dir: str, spec: TinyModelSpec, tokens_per_view: int) -> None:
+    size = spec.image_size
+    image_processor = {"image_processor_type": "LlavaOnevisionImageProcessor", "do_pad": True,
+                       "image_grid_pinpoints": [[r * size, c * size] for r, c in ONEVISION_GRID],
+                       **clip_image_processor_kwargs(size),
+                       "size": {"height": size, "width": size}, "do_center_crop": False, "crop_size": None}
+    processor = {"processor_class": "LlavaOnevisionProcessor", "num_image_tokens": tokens_per_view,
+                 "vision_feature_select_strategy": spec.vision_feature_select_strategy,
+                 "vision_aspect_ratio": ONEVISION_MAX, "image_token": IMAGE_TOKEN, "video_token": VIDEO_TOKEN}
+    write_processor_files(out_dir, image_processor, processor)
+
+
+def make_tiny_llava_onevision(out_dir: str, seed: int = 0, spec: TinyModelSpec | None = None) -> str:
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    spec = spec or TinyModelSpec(vision_feature_layer=-1)  # OneVision reads the last layer
+    os.makedirs(out_dir, exist_ok=True)
+    tokenizer = train_tokenizer(spec.vocab_size)
+    tokenizer.add_special_tokens({"additional_special_tokens": [VIDEO_TOKEN]})
+    torch.manual_seed(seed)
+    config = build_llava_onevision_config(spec, tokenizer)
+    model = LlavaOnevisionForConditionalGeneration(config).to(getattr(torch, spec.dtype))
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    side = spec.image_size // spec.patch_size
+    tokens_per_view = side * side + (config.vision_config.model_type == "clip_vision_model")
+    save_llava_onevision_processor(out_dir, spec, tokens_per_view)
     return out_dir

@@ -57,6 +57,7 @@ class VisionEncoder(nn.Module):
             feats = [f[:, 1:] for f in feats]  # drop CLS (SigLIP has none: transformers drops a patch, so do we)
         return self.multi_modal_projector(torch.cat(feats, dim=-1))
 
-    def encode(self, pixel_values: list[torch.Tensor], image_sizes: list) -> list[torch.Tensor]:
+    def encode(self, pixel_values: list[torch.Tensor], image_sizes: list, roles: list[str] | None = None
+               ) -> list[torch.Tensor]:
         """One [3, H, W] view per image → per image [tokens_per_image, text_hidden], in one tower batch."""
         return list(self(torch.stack(pixel_values)))

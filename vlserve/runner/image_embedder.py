@@ -16,7 +16,7 @@ from vlserve.metrics import Metrics
 
 
 class ImageEmbedder:
-    def __init__(self, encode_images: Callable[[list, list], list[torch.Tensor]], cache: VisionEmbeddingCache,
+    def __init__(self, encode_images: Callable[[list, list, list], list[torch.Tensor]], cache: VisionEmbeddingCache,
                  metrics: Metrics):
         self.encode_images, self.cache, self.metrics = encode_images, cache, metrics
 
@@ -35,7 +35,7 @@ class ImageEmbedder:
         if missing:
             spans = list(missing.values())
             embeds = self.encode_images([torch.from_numpy(np.array(s.pixel_values)) for s in spans],
-                                        [s.image_size for s in spans])
+                                        [s.image_size for s in spans], [s.role for s in spans])
             self.metrics.vision_encoder_images.inc(len(spans))
             for span, emb in zip(spans, embeds):
                 found[span.content_hash] = emb
