@@ -67,7 +67,7 @@ def hf(checkpoint):
     vc = model.config.vision_config
     processor.__dict__.update(
         image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=None,
-        num_image_tokens=(vc.image_size // vc.patch_size) ** 2 + 1,  # + CLS; "default" takes it off again
+        num_image_tokens=(vc.image_size // vc.patch_size) ** 2 + (vc.model_type == "clip_vision_model"),
         vision_feature_select_strategy=model.config.vision_feature_select_strategy,
         vision_aspect_ratio=model.config.vision_aspect_ratio, image_token="<image>", video_token=VIDEO_TOKEN,
         image_token_id=model.config.image_token_id, video_token_id=model.config.video_token_id)

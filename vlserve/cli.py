@@ -5,6 +5,9 @@ import json
 import sys
 
 from vlserve.core.config import EngineArgs
+from vlserve.model.tiny import ARCHITECTURES as TINY_ARCHITECTURES
+from vlserve.model.tiny import TEXT_MODELS as TINY_TEXT_MODELS
+from vlserve.model.tiny import VISION_MODELS as TINY_VISION_MODELS
 from vlserve.server.args import ServerArgs
 
 
@@ -29,6 +32,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     tiny.add_argument("dir")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--layout", choices=["transformers", "llava-hf"], default="transformers")
+    tiny.add_argument("--arch", choices=sorted(TINY_ARCHITECTURES), default="llava",
+                      help="the architecture (llava: LlavaForConditionalGeneration, llava-next: LLaVA-NeXT anyres, "
+                           "llava-onevision: OneVision)")
+    tiny.add_argument("--text", choices=sorted(TINY_TEXT_MODELS), default=None,
+                      help="the decoder's config class (default: llama; qwen2 for llava-onevision)")
+    tiny.add_argument("--vision", choices=list(TINY_VISION_MODELS), default=None,
+                      help="the vision tower (default: clip; siglip for llava-onevision)")
 
     for name, module in (("videoqa", "vlserve.bench.videoqa"), ("bench", "vlserve.bench.cli")):
         p = sub.add_parser(name, help=f"see `vlserve {name} --help`", add_help=False)
@@ -51,8 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "generate":
         return _generate(args, _checked(EngineArgs, args, commands["generate"]))
     if args.command == "make-tiny-model":
-        from vlserve.model.tiny import make_tiny_model
-        print(make_tiny_model(args.dir, seed=args.seed, layout=args.layout))
+        from vlserve.model.tiny import DEFAULT_TEXT_VISION, TinyModelSpec, make_tiny_model
+        text, vision = DEFAULT_TEXT_VISION.get(args.arch, ("llama", "clip"))
+        spec = TinyModelSpec(text=args.text or text, vision=args.vision or vision)
+        print(make_tiny_model(args.dir, seed=args.seed, spec=spec, layout=args.layout, arch=args.arch))
         return 0
     return 2
 

@@ -3,6 +3,7 @@ model's text and vision configs under a LlavaNextConfig, with grid pinpoints in 
 tower's image size, LlavaNextImageProcessor settings and a LlavaNextProcessor config."""
 
 import os
+from dataclasses import replace
 
 import torch
 
@@ -84,10 +85,17 @@ def save_llava_onevision_processor(out_dir: str, spec: TinyModelSpec, tokens_per
     write_processor_files(out_dir, image_processor, processor)
 
 
+def onevision_spec(spec: TinyModelSpec) -> TinyModelSpec:
+    """OneVision reads the tower's last layer; with SigLIP it keeps every patch ("full"), with CLIP it
+    drops the CLS token ("default"): either way one view is exactly side x side features."""
+    strategy = "full" if spec.vision == "siglip" else "default"
+    return replace(spec, vision_feature_layer=-1, vision_feature_select_strategy=strategy)
+
+
 def make_tiny_llava_onevision(out_dir: str, seed: int = 0, spec: TinyModelSpec | None = None) -> str:
     from transformers import LlavaOnevisionForConditionalGeneration
 
-    spec = spec or TinyModelSpec(vision_feature_layer=-1)  # OneVision reads the last layer
+    spec = onevision_spec(spec or TinyModelSpec(text="qwen2", vision="siglip"))
     os.makedirs(out_dir, exist_ok=True)
     tokenizer = train_tokenizer(spec.vocab_size)
     tokenizer.add_special_tokens({"additional_special_tokens": [VIDEO_TOKEN]})
@@ -97,6 +105,6 @@ def make_tiny_llava_onevision(out_dir: str, seed: int = 0, spec: TinyModelSpec |
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     side = spec.image_size // spec.patch_size
-    tokens_per_view = side * side + (config.vision_config.model_type == "clip_vision_model")
+    tokens_per_view = side * side + (spec.vision == "clip")  # LlavaOnevisionProcessor counts the CLS
     save_llava_onevision_processor(out_dir, spec, tokens_per_view)
     return out_dir
