@@ -86,6 +86,11 @@ class AnyresProcessing:
         return cls(views, pinpoints, tile, size)
 
     @classmethod
+    def next_video_from_hf_config(cls, config: dict[str, Any]) -> "AnyresProcessing":
+        """LLaVA-NeXT-Video: images as LLaVA-NeXT; frames one view each, marked for pooling."""
+        return replace(cls.from_hf_config(config), pooled_frames=True)
+
+    @classmethod
     def onevision_from_hf_config(cls, config: dict[str, Any]) -> "AnyresProcessing":
         """LlavaOnevisionImageProcessor: tiles for a lone image, a padded square view among several."""
         tiled = cls.from_hf_config(config)

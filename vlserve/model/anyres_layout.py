@@ -15,6 +15,8 @@ class AnyresLayout:
     max_tiles: int | None = None  # OneVision's anyres_max_N: features scaled down past N tiles' worth
     single_view_newline: bool = False  # OneVision: an untiled image (one of several) ends with a newline
     pooled_video: bool = False  # OneVision: each frame's features pooled 2x2, one newline after the last
+    # NeXT-Video: each frame's tower features pooled (average / max, this stride) before the projector
+    frame_pool: tuple[str, int] | None = None
 
     def grid(self, image_size: tuple[int, int]) -> tuple[int, int]:
         return grid_shape(image_size, self.grid_pinpoints, self.tile_size)
@@ -44,4 +46,7 @@ class AnyresLayout:
 
     @property
     def pooled_side(self) -> int:
+        """Features per side of a pooled video frame."""
+        if self.frame_pool is not None:
+            return self.side // self.frame_pool[1]
         return math.ceil(self.side / 2)

@@ -51,6 +51,8 @@ class ModelConfig:
         layout = self.anyres
         if layout is None:
             return self.tokens_per_image
+        if image.role != "image" and layout.frame_pool is not None:
+            return layout.pooled_side ** 2
         if image.role != "image" and layout.pooled_video:
             return layout.pooled_side ** 2 + (image.role == "last_frame")
         if image.pixel_values.ndim == 3:  # one view: a video frame, or (OneVision) one of several images

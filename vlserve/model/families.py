@@ -14,7 +14,8 @@ from torch import nn
 from vlserve.core.errors import CheckpointError
 from vlserve.model.config import ModelConfig, model_config_from_hf
 from vlserve.model.llava import (
-    LlavaForServing, LlavaNextForServing, llava_next_config_from_hf, llava_onevision_config_from_hf,
+    LlavaForServing, LlavaNextForServing, llava_next_config_from_hf, llava_next_video_config_from_hf,
+    llava_onevision_config_from_hf,
 )
 from vlserve.preprocess import AnyresProcessing, ImageProcessing
 
@@ -51,7 +52,13 @@ LLAVA_ONEVISION = Family(
     build_model=LlavaNextForServing, config_from_hf=llava_onevision_config_from_hf,
     image_processing=AnyresProcessing.onevision_from_hf_config)
 
-FAMILIES: dict[str, Family] = {f.architecture: f for f in (LLAVA, LLAVA_NEXT, LLAVA_ONEVISION)}
+LLAVA_NEXT_VIDEO = Family(
+    architecture="LlavaNextVideoForConditionalGeneration", model_type="llava_next_video",
+    text_models=("llama", "mistral", "qwen2"), vision_models=("clip_vision_model", "siglip_vision_model"),
+    build_model=LlavaNextForServing, config_from_hf=llava_next_video_config_from_hf,
+    image_processing=AnyresProcessing.next_video_from_hf_config)
+
+FAMILIES: dict[str, Family] = {f.architecture: f for f in (LLAVA, LLAVA_NEXT, LLAVA_ONEVISION, LLAVA_NEXT_VIDEO)}
 
 # Architectures people try that vlserve does not serve, with what stands in the way.
 REFUSED: dict[str, str] = {
@@ -61,7 +68,6 @@ REFUSED: dict[str, str] = {
     "Idefics3ForConditionalGeneration": "Idefics3: pixel-shuffled image splitting",
     "MllamaForConditionalGeneration": "Llama 3.2 Vision: cross-attention image layers",
     "PaliGemmaForConditionalGeneration": "PaliGemma: bidirectional attention over the image prefix",
-    "LlavaNextVideoForConditionalGeneration": "LLaVA-NeXT-Video: video pooling is not served yet",
 }
 
 

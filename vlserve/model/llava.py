@@ -63,6 +63,15 @@ def llava_onevision_config_from_hf(hf) -> ModelConfig:
     return replace(cfg, anyres=replace(cfg.anyres, max_tiles=max_tiles, single_view_newline=True, pooled_video=True))
 
 
+def llava_next_video_config_from_hf(hf) -> ModelConfig:
+    """LLaVA-NeXT's plus each video frame's tower features pooled before the projector."""
+    cfg = llava_next_config_from_hf(hf)
+    mode, stride = getattr(hf, "spatial_pool_mode", "average"), int(getattr(hf, "spatial_pool_stride", 2))
+    if mode not in ("average", "max"):
+        raise CheckpointError(f"unsupported spatial_pool_mode {mode!r}; served: average, max")
+    return replace(cfg, anyres=replace(cfg.anyres, frame_pool=(mode, stride)))
+
+
 class LlavaNextForServing(LlavaForServing):
     """LLaVA-NeXT and OneVision: the same decoder; images as a base view plus anyres tiles
     (llava_next.py), what differs between the two being in the config's AnyresLayout."""

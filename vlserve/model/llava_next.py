@@ -26,12 +26,17 @@ class AnyresVisionEncoder(VisionEncoder):
     def encode(self, pixel_values: list[torch.Tensor], image_sizes: list, roles: list[str] | None = None
                ) -> list[torch.Tensor]:
         views = [p if p.dim() == 4 else p[None] for p in pixel_values]
-        feats = self(torch.cat(views)).split([v.shape[0] for v in views])  # per image [views, tokens_per_image, hidden]
+        tower = self.tower_features(torch.cat(views)).split([v.shape[0] for v in views])
         roles = roles or ["image"] * len(views)
+        if self.cfg.anyres.frame_pool is not None:  # NeXT-Video pools frames before the projector
+            tower = [self._pool_before_projector(t) if role != "image" else t for t, role in zip(tower, roles)]
+        feats = [self.multi_modal_projector(t) for t in tower]  # per image [views, tokens, hidden]
         return [self._features(f, size, role) for f, size, role in zip(feats, image_sizes, roles)]
 
     def _features(self, views: torch.Tensor, image_size, role: str) -> torch.Tensor:
         layout: AnyresLayout = self.cfg.anyres
+        if role != "image" and layout.frame_pool is not None:
+            return views[0]  # pooled already
         if role != "image" and layout.pooled_video:
             return self._pooled_frame(views[0], closes_video=role == "last_frame")
         if views.shape[0] == 1:
@@ -58,6 +63,15 @@ class AnyresVisionEncoder(VisionEncoder):
         grid = frame.reshape(side, side, hidden).permute(2, 0, 1)[None]
         pooled = F.interpolate(grid, [layout.pooled_side] * 2, mode="bilinear")[0].permute(1, 2, 0).reshape(-1, hidden)
         return torch.cat((pooled, self._newline(pooled, 1))) if closes_video else pooled
+
+    def _pool_before_projector(self, frame: torch.Tensor) -> torch.Tensor:
+        """NeXT-Video: a frame's [1, side*side, vision hidden] tower features, average- or max-pooled."""
+        layout: AnyresLayout = self.cfg.anyres
+        mode, stride = layout.frame_pool
+        side, hidden = layout.side, frame.shape[-1]
+        grid = frame.reshape(1, side, side, hidden).permute(0, 3, 1, 2)
+        pool = F.avg_pool2d if mode == "average" else F.max_pool2d
+        return pool(grid, stride, stride).flatten(2).transpose(1, 2)
 
     def _newline(self, like: torch.Tensor, n: int) -> torch.Tensor:
         return self.image_newline.to(like.dtype).expand(n, like.shape[-1])

@@ -201,7 +201,8 @@ def _anyres_writer(name: str):
 
 # --arch → the function writing that architecture's checkpoint
 ARCHITECTURES = {"llava": make_tiny_llava, "llava-next": _anyres_writer("make_tiny_llava_next"),
-                 "llava-onevision": _anyres_writer("make_tiny_llava_onevision")}
+                 "llava-onevision": _anyres_writer("make_tiny_llava_onevision"),
+                 "llava-next-video": _anyres_writer("make_tiny_llava_next_video")}
 # --arch → its usual (text, vision) when the command line names none
 DEFAULT_TEXT_VISION = {"llava-onevision": ("qwen2", "siglip")}
 

@@ -108,3 +108,25 @@ def make_tiny_llava_onevision(out_dir: str, seed: int = 0, spec: TinyModelSpec |
     tokens_per_view = side * side + (spec.vision == "clip")  # LlavaOnevisionProcessor counts the CLS
     save_llava_onevision_processor(out_dir, spec, tokens_per_view)
     return out_dir
+
+
+def make_tiny_llava_next_video(out_dir: str, seed: int = 0, spec: TinyModelSpec | None = None) -> str:
+    """LLaVA-NeXT-Video: LLaVA-NeXT's images, and frames average-pooled 2x2 before the projector."""
+    from transformers import LlavaNextVideoConfig, LlavaNextVideoForConditionalGeneration
+
+    spec = spec or TinyModelSpec()
+    os.makedirs(out_dir, exist_ok=True)
+    tokenizer = train_tokenizer(spec.vocab_size)
+    tokenizer.add_special_tokens({"additional_special_tokens": [VIDEO_TOKEN]})
+    torch.manual_seed(seed)
+    base = build_hf_config(spec, tokenizer)
+    config = LlavaNextVideoConfig(
+        vision_config=base.vision_config, text_config=base.text_config, image_token_index=base.image_token_id,
+        video_token_index=tokenizer.convert_tokens_to_ids(VIDEO_TOKEN),
+        vision_feature_layer=spec.vision_feature_layer, vision_feature_select_strategy=spec.vision_feature_select_strategy,
+        image_grid_pinpoints=grid_pinpoints(spec.image_size), spatial_pool_mode="average", spatial_pool_stride=2,
+        tie_word_embeddings=spec.tie_word_embeddings)
+    LlavaNextVideoForConditionalGeneration(config).to(getattr(torch, spec.dtype)).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    save_llava_next_processor(out_dir, spec)
+    return out_dir

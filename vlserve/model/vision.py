@@ -48,6 +48,11 @@ class VisionEncoder(nn.Module):
 
     @torch.inference_mode()
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.multi_modal_projector(self.tower_features(pixel_values))
+
+    @torch.inference_mode()
+    def tower_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The tower's selected hidden states, before the projector: [N, tokens_per_image, vision hidden]."""
         dtype = self.multi_modal_projector.linear_1.weight.dtype
         out = self.vision_tower(pixel_values.to(dtype), output_hidden_states=True)
         layers = self.cfg.vision_feature_layer
@@ -55,7 +60,7 @@ class VisionEncoder(nn.Module):
         feats = [out.hidden_states[i] for i in layers]
         if self.cfg.vision_feature_select_strategy == "default":
             feats = [f[:, 1:] for f in feats]  # drop CLS (SigLIP has none: transformers drops a patch, so do we)
-        return self.multi_modal_projector(torch.cat(feats, dim=-1))
+        return torch.cat(feats, dim=-1)
 
     def encode(self, pixel_values: list[torch.Tensor], image_sizes: list, roles: list[str] | None = None
                ) -> list[torch.Tensor]:
