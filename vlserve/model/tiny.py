@@ -10,8 +10,6 @@ import json
 import os
 from dataclasses import dataclass
 
-import torch
-
 from vlserve.model.checkpoint_tools import (
     BOS, EOS, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, PAD, UNK, clip_image_processor_kwargs, llava_tokenizer,
     siglip_image_processor_kwargs,
@@ -172,6 +170,7 @@ def make_tiny_model(out_dir: str, seed: int = 0, spec: TinyModelSpec | None = No
 
 def make_tiny_llava(out_dir: str, seed: int, spec: TinyModelSpec, layout: str, max_shard_size: str | None) -> str:
     """LlavaForConditionalGeneration; layout "llava-hf" rewrites keys as the published checkpoints do."""
+    import torch  # here, not at the top: the CLI imports this module for its choices and stays torch-free
     from transformers import LlavaForConditionalGeneration
 
     os.makedirs(out_dir, exist_ok=True)
