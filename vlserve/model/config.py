@@ -64,6 +64,11 @@ class ModelConfig:
         return self.tokens_per_image + self.anyres.tile_tokens(image_size)
 
     @property
+    def fixed_image_tokens(self) -> int | None:
+        """Tokens of every image when that does not depend on the image (LLaVA-1.5), else None."""
+        return self.tokens_per_image if self.anyres is None else None
+
+    @property
     def tokens_per_image(self) -> int:
         """Tokens of one view (a whole image in LLaVA-1.5, a video frame, one anyres tile)."""
         # transformers' get_image_features drops the first position under "default" whether or not

@@ -3,7 +3,7 @@
 `vlserve make-tiny-model DIR [--arch llava] [--text llama|mistral|qwen2] [--vision clip|siglip]`
 writes config.json, safetensors weights, a byte-level BPE tokenizer trained here with the
 `tokenizers` library (with `<image>` and a chat template), and the processor configs, in a second
-or two. Nothing is downloaded. ARCHITECTURES maps each --arch to the function that writes it.
+or two. Nothing is downloaded. model/tiny_architectures.py maps each --arch to the function that writes it.
 """
 
 import json
@@ -161,11 +161,10 @@ def write_processor_files(out_dir: str, image_processor: dict, processor: dict) 
 
 
 def make_tiny_model(out_dir: str, seed: int = 0, spec: TinyModelSpec | None = None,
-                    layout: str = "transformers", max_shard_size: str | None = None, arch: str = "llava") -> str:
-    """Writes a random checkpoint of `arch` (a key of ARCHITECTURES)."""
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unknown architecture {arch!r}; use one of {sorted(ARCHITECTURES)}")
-    return ARCHITECTURES[arch](out_dir, seed, spec or TinyModelSpec(), layout, max_shard_size)
+                    layout: str = "transformers", max_shard_size: str | None = None) -> str:
+    """Writes a random LlavaForConditionalGeneration checkpoint (other architectures:
+    model/tiny_architectures.py)."""
+    return make_tiny_llava(out_dir, seed, spec or TinyModelSpec(), layout, max_shard_size)
 
 
 def make_tiny_llava(out_dir: str, seed: int, spec: TinyModelSpec, layout: str, max_shard_size: str | None) -> str:
@@ -185,25 +184,6 @@ def make_tiny_llava(out_dir: str, seed: int, spec: TinyModelSpec, layout: str, m
     elif layout != "transformers":
         raise ValueError(f"unknown layout {layout!r}; use 'transformers' or 'llava-hf'")
     return out_dir
-
-
-def _anyres_writer(name: str):
-    """A writer from model/tiny_anyres.py (imported on use: it builds on this module)."""
-    def write(out_dir: str, seed: int, spec: TinyModelSpec, layout: str, max_shard_size: str | None) -> str:
-        from vlserve.model import tiny_anyres
-
-        if layout != "transformers":
-            raise ValueError(f"layout {layout!r} is only written for --arch llava")
-        return getattr(tiny_anyres, name)(out_dir, seed, spec)
-    return write
-
-
-# --arch → the function writing that architecture's checkpoint
-ARCHITECTURES = {"llava": make_tiny_llava, "llava-next": _anyres_writer("make_tiny_llava_next"),
-                 "llava-onevision": _anyres_writer("make_tiny_llava_onevision"),
-                 "llava-next-video": _anyres_writer("make_tiny_llava_next_video")}
-# --arch → its usual (text, vision) when the command line names none
-DEFAULT_TEXT_VISION = {"llava-onevision": ("qwen2", "siglip")}
 
 
 def rewrite_to_llava_hf_layout(ckpt_dir: str) -> None:
