@@ -20,6 +20,7 @@ from vlserve.model.tiny_anyres import make_tiny_llava_next
 from vlserve.runner.model_runner import ModelRunner
 
 from runner_helpers import batched_logits
+from anyres_helpers import TOP, assert_matches
 
 SIZES = [(48, 64), (100, 37), (30, 30), (480, 640), (1080, 1920), (7, 200)]  # (height, width)
 STEPS = 32
@@ -117,16 +118,14 @@ def test_engine_matches_transformers_and_reuses_tiled_images(checkpoint, hf, pag
     params = {"max_new_tokens": STEPS, "temperature": 0, "ignore_eos": True}
     with Engine(checkpoint, max_total_tokens=4096, page_size=page_size) as engine:
         args = dict(prompt=[p for p, _ in REQUESTS], image_data=[[_png(i) for i in ims] for ims in images],
-                    sampling_params=params, return_logprob=True)
+                    sampling_params=params, return_logprob=True, top_logprobs_num=TOP)
         first = engine.generate(**args)
         again = engine.generate(**args)
         engine.flush_cache()
         cfg = engine.loaded.config
     for (prompt, sizes), ims, out, rep in zip(REQUESTS, images, first, again):
-        ref_ids, ref_lps, _ = _hf_greedy(model, _hf_inputs(processor, prompt, ims), STEPS)
-        assert out["output_ids"] == ref_ids, prompt
-        lps = [lp for lp, _ in out["meta_info"]["output_token_logprobs"]]
-        assert max(abs(a - b) for a, b in zip(lps, ref_lps)) < 1e-4, prompt
+        ref_ids, ref_lps, prefill_logits = _hf_greedy(model, _hf_inputs(processor, prompt, ims), STEPS)
+        assert_matches(out, (ref_ids, ref_lps, torch.log_softmax(prefill_logits, -1)))
         assert rep["output_ids"] == ref_ids
         image_tokens = sum(cfg.tiled_image_tokens(s) for s in sizes)
         assert rep["meta_info"]["cached_tokens"] >= image_tokens

@@ -9,7 +9,8 @@ steps, which test_parity_llava_next.py checks pixel for pixel).
 import pytest
 import torch
 
-from test_parity_llava_onevision import FRAMES, _hf_greedy, _image, _png, _video
+from anyres_helpers import FRAMES, TOP, assert_matches
+from anyres_helpers import hf_greedy as _hf_greedy, image as _image, png as _png, video as _video
 from vlserve import Engine
 from vlserve.model.loader import load_model
 from vlserve.model.tiny_anyres import VIDEO_TOKEN, make_tiny_llava_next_video
@@ -67,7 +68,7 @@ def test_engine_matches_transformers_and_reuses_media(checkpoint, hf, page_size)
     params = {"max_new_tokens": STEPS, "temperature": 0, "ignore_eos": True}
     args = dict(prompt=[p for p, *_ in REQUESTS], image_data=[[_png(i) for i in ims] for ims in images],
                 video_data=[[v] if v else [] for v in videos], sampling_params=params, return_logprob=True,
-                video_num_frames=FRAMES)
+                top_logprobs_num=TOP, video_num_frames=FRAMES)
     with Engine(checkpoint, max_total_tokens=8192, page_size=page_size) as engine:
         first = engine.generate(**args)
         again = engine.generate(**args)
@@ -75,9 +76,7 @@ def test_engine_matches_transformers_and_reuses_media(checkpoint, hf, page_size)
                         for f in engine.loaded.image_processing.process_frames([_image((40, 48), 0)] * 2)]
     assert frame_tokens == [4, 4]  # 4x4 features average-pooled 2x2, no newline
     for (prompt, *_), ims, vid, out, rep in zip(REQUESTS, images, videos, first, again):
-        ref_ids, ref_lps = _hf_greedy(hf[0], _inputs(hf, checkpoint, prompt, ims, vid), STEPS)
-        assert out["output_ids"] == ref_ids, prompt
-        lps = [lp for lp, _ in out["meta_info"]["output_token_logprobs"]]
-        assert max(abs(a - b) for a, b in zip(lps, ref_lps)) < 1e-4, prompt
-        assert rep["output_ids"] == ref_ids
+        ref = _hf_greedy(hf[0], _inputs(hf, checkpoint, prompt, ims, vid), STEPS)
+        assert_matches(out, ref)
+        assert rep["output_ids"] == ref[0]
         assert rep["meta_info"]["cached_tokens"] == (rep["meta_info"]["prompt_tokens"] - 1) // page_size * page_size

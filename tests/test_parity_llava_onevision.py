@@ -7,14 +7,12 @@ video's frames go to transformers' model as vlserve prepared them (the processin
 the image processor's single-view path, checked pixel for pixel below).
 """
 
-import io
-
-import av
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
+from anyres_helpers import FRAMES, TOP, assert_matches
+from anyres_helpers import hf_greedy as _hf_greedy, image as _image, png as _png, video as _video
 from vlserve import Engine
 from vlserve.model.loader import load_model
 from vlserve.model.tiny_anyres import VIDEO_TOKEN, make_tiny_llava_onevision
@@ -22,31 +20,6 @@ from vlserve.preprocess import MediaLimits, load_video
 
 SIZES = [(48, 64), (100, 37), (30, 30), (480, 640), (1080, 1920), (20, 300)]  # (height, width)
 STEPS = 32
-FRAMES = 4
-
-
-def _image(size, seed):
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8))
-
-
-def _png(img):
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _video(seed: int, n: int = 6) -> bytes:
-    rng, buf = np.random.default_rng(seed), io.BytesIO()
-    with av.open(buf, "w", format="matroska") as out:
-        stream = out.add_stream("ffv1", rate=4)  # lossless
-        stream.width, stream.height, stream.pix_fmt = 48, 40, "bgr0"
-        for _ in range(n):
-            frame = rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -111,19 +84,6 @@ def test_token_counts_match_transformers(checkpoint, hf):
     assert len(counts) >= 4
 
 
-@torch.no_grad()
-def _hf_greedy(model, kwargs, steps):
-    ids, lps, past = [], [], None
-    for _ in range(steps):
-        out = model(**kwargs, past_key_values=past, use_cache=True)
-        past = out.past_key_values
-        lp = torch.log_softmax(out.logits[0, -1].float(), -1)
-        ids.append(int(lp.argmax()))
-        lps.append(float(lp[ids[-1]]))
-        kwargs = {"input_ids": torch.tensor([[ids[-1]]])}
-    return ids, lps
-
-
 def _video_inputs(model, processor, checkpoint, prompt, video: bytes):
     """transformers' inputs for a one-video prompt, from the frames vlserve samples and prepares."""
     frames = load_model(checkpoint).image_processing.process_frames(load_video(video, MediaLimits(), FRAMES))
@@ -149,7 +109,8 @@ def test_engine_matches_transformers_and_reuses_media(checkpoint, hf, page_size)
     videos = [[_video(7)] if v else [] for *_, v in REQUESTS]
     params = {"max_new_tokens": STEPS, "temperature": 0, "ignore_eos": True}
     args = dict(prompt=[p for p, *_ in REQUESTS], image_data=[[_png(i) for i in ims] for ims in images],
-                video_data=videos, sampling_params=params, return_logprob=True, video_num_frames=FRAMES)
+                video_data=videos, sampling_params=params, return_logprob=True, top_logprobs_num=TOP,
+                video_num_frames=FRAMES)
     with Engine(checkpoint, max_total_tokens=8192, page_size=page_size) as engine:
         first = engine.generate(**args)
         again = engine.generate(**args)
@@ -160,11 +121,9 @@ def test_engine_matches_transformers_and_reuses_media(checkpoint, hf, page_size)
         else:
             inputs = processor(text=[prompt], images=[ims] if ims else None, return_tensors="pt")
             kwargs = {k: v for k, v in inputs.items() if k != "attention_mask"}
-        ref_ids, ref_lps = _hf_greedy(model, kwargs, STEPS)
-        assert out["output_ids"] == ref_ids, prompt
-        lps = [lp for lp, _ in out["meta_info"]["output_token_logprobs"]]
-        assert max(abs(a - b) for a, b in zip(lps, ref_lps)) < 1e-4, prompt
-        assert rep["output_ids"] == ref_ids
+        ref = _hf_greedy(model, kwargs, STEPS)
+        assert_matches(out, ref)
+        assert rep["output_ids"] == ref[0]
         assert rep["meta_info"]["cached_tokens"] == (rep["meta_info"]["prompt_tokens"] - 1) // page_size * page_size
 
 
