@@ -12,6 +12,7 @@ import logging
 import time
 
 import httpx
+import uvicorn
 
 from vlserve.preprocess import DEFAULT_NUM_FRAMES, MediaLimits
 from vlserve.router.args import RouterArgs
@@ -59,11 +60,19 @@ def ask_workers(urls: list[str], api_key: str | None, wait_s: float) -> dict:
         time.sleep(0.5)
 
 
-def run_router(args: RouterArgs) -> int:
-    import uvicorn
+class RouterServer(uvicorn.Server):
+    """SIGTERM/SIGINT stop the router and return from run() (uvicorn's own handler would raise the
+    signal again afterwards, killing the process before `--dp-size` stops its engines); a second
+    signal exits at once."""
 
+    def handle_exit(self, sig, frame) -> None:
+        self.force_exit = self.should_exit
+        self.should_exit = True
+
+
+def run_router(args: RouterArgs) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_router_app(make_pool(args), make_keys(args), args.api_key)
     log.info("routing to %s on http://%s:%d", ", ".join(args.worker_urls), args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    RouterServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower())).run()
     return 0
