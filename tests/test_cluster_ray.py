@@ -9,6 +9,7 @@ import socket
 import time
 
 import httpx
+import pytest
 import ray
 from ray import serve
 
@@ -69,3 +70,19 @@ def test_ray_serve_replicas_route_by_image_and_answer_as_vlserve_serve():
     while child_pids(os.getpid()) - before and time.monotonic() < end:
         time.sleep(0.5)
     assert not child_pids(os.getpid()) - before, "Ray processes left behind"
+
+
+def test_serve_run_arguments_build_the_application():
+    """`serve run vlserve.cluster:app k=v ...` calls the builder with strings, as Ray's CLI does."""
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+
+    from vlserve.cluster.application import split_args
+
+    built = call_user_app_builder_with_args_if_necessary(app, {"model": tiny_model_dir(), "num_replicas": "3"})
+    assert type(built).__name__ == "Application"
+    server, router, replica = split_args({"max_total_tokens": "4096", "disable_radix_cache": "true",
+                                          "cache_threshold": "0.5", "num_replicas": "2", "chat_template": "None"})
+    assert server == {"max_total_tokens": 4096, "disable_radix_cache": True, "chat_template": None}
+    assert router == {"cache_threshold": 0.5} and replica == {"num_replicas": 2}
+    with pytest.raises(ValueError, match="unknown argument 'colour'"):
+        split_args({"colour": "red"})
