@@ -11,7 +11,9 @@ from router_helpers import app_thread, group_requests
 from server_helpers import assert_leak_free, metric_values, start_server, tiny_model_dir
 from vlserve.router.keys import RouteKeys
 from vlserve.router.model_files import ModelFiles
+from vlserve.router.args import RouterArgs
 from vlserve.router.proxy import WORKER_HEADER, build_router_app
+from vlserve.router.serve import make_keys
 from vlserve.router.workers import WorkerPool
 
 
@@ -107,3 +109,15 @@ def test_a_failed_worker_is_taken_out_and_its_requests_retried(workers):
             assert httpx.get(router.url + "/health").json()["workers"] == 2
     finally:
         engine.shutdown()
+
+
+def test_model_files_from_a_worker_and_the_api_key(workers):
+    urls = [server.url for _, server in workers]
+    keys = make_keys(RouterArgs(worker_urls=urls), wait_s=10)  # no --model-path: asks /get_model_info
+    assert keys.key("/v1/completions", b'{"prompt": "Hi"}') == workers[0][0].tokenize(prompt="Hi")
+    with app_thread(build_router_app(WorkerPool(urls), keys, api_key="sesame")) as router:
+        body = {"prompt": "Hi", "max_tokens": 2}
+        assert httpx.post(router.url + "/v1/completions", json=body).status_code == 401
+        ok = httpx.post(router.url + "/v1/completions", json=body, headers={"Authorization": "Bearer sesame"})
+        assert ok.status_code == 200 and ok.json()["choices"][0]["text"] is not None
+        assert httpx.get(router.url + "/health").status_code == 200  # open, as on the server

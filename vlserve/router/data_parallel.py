@@ -112,5 +112,8 @@ def serve_data_parallel(args: ServerArgs) -> int:
     try:
         wait_healthy(procs, urls)
         return run_router(router_args(args, urls))
+    except RuntimeError as e:  # an engine did not start: its own output above says why
+        log.error("%s", e)
+        return 1
     finally:
         stop_workers(procs, args.shutdown_timeout)
