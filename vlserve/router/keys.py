@@ -12,9 +12,6 @@ no key: it is routed by load alone, and the worker answers it with the error it 
 import json
 import logging
 
-from pydantic import ValidationError
-
-from vlserve.core.errors import InvalidRequest, MediaError
 from vlserve.engine.request_builder import RequestBuilder
 from vlserve.preprocess import DEFAULT_NUM_FRAMES, ImageProcessing, MediaLimits, ProcessedImageCache
 from vlserve.router.model_files import ModelFiles
@@ -43,8 +40,8 @@ class RouteKeys:
             data = json.loads(body)
             inputs = self._inputs(path, data) if isinstance(data, dict) else None
             return self.builder.token_ids(**inputs) if inputs else None
-        except (ValueError, InvalidRequest, MediaError, ValidationError, TypeError, KeyError) as e:
-            log.debug("no routing key for a request to %s: %s", path, e)
+        except Exception as e:  # whatever the request's fault, the worker reports it; routing must not fail
+            log.debug("no routing key for a request to %s: %s: %s", path, type(e).__name__, e)
             return None
 
     def _inputs(self, path: str, data: dict) -> dict | None:
