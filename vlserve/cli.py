@@ -1,4 +1,4 @@
-"""The `vlserve` command: serve, generate, make-tiny-model, videoqa, bench."""
+"""The `vlserve` command: serve, router, generate, make-tiny-model, videoqa, bench."""
 
 import argparse
 import json
@@ -8,6 +8,7 @@ from vlserve.core.config import EngineArgs
 from vlserve.model.tiny_architectures import ARCHITECTURES as TINY_ARCHITECTURES
 from vlserve.model.tiny import TEXT_MODELS as TINY_TEXT_MODELS
 from vlserve.model.tiny import VISION_MODELS as TINY_VISION_MODELS
+from vlserve.router.args import RouterArgs
 from vlserve.server.args import ServerArgs
 
 
@@ -18,6 +19,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
     serve = sub.add_parser("serve", help="run the HTTP server (OpenAI-compatible + native routes)")
     ServerArgs.add_cli_args(serve)
+
+    router = sub.add_parser("router", help="a cache-aware router (images included) in front of running servers")
+    RouterArgs.add_cli_args(router)
 
     gen = sub.add_parser("generate", help="answer one prompt (with images/videos) offline and print the result")
     gen.add_argument("--prompt", required=True)
@@ -44,7 +48,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         p = sub.add_parser(name, help=f"see `vlserve {name} --help`", add_help=False)
         p.set_defaults(module=module)
 
-    return parser, {"serve": serve, "generate": gen, "make-tiny-model": tiny}
+    return parser, {"serve": serve, "router": router, "generate": gen, "make-tiny-model": tiny}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,8 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     if rest:  # the command's own usage, not the top level's
         commands[args.command].error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "serve":
+        serve_args = _checked(ServerArgs, args, commands["serve"])
+        if serve_args.dp_size > 1:
+            from vlserve.router.data_parallel import serve_data_parallel
+            return serve_data_parallel(serve_args)
         from vlserve.server.app import run_server
-        return run_server(_checked(ServerArgs, args, commands["serve"])) or 0
+        return run_server(serve_args) or 0
+    if args.command == "router":
+        from vlserve.router.serve import run_router
+        return run_router(_checked(RouterArgs, args, commands["router"]))
     if args.command == "generate":
         return _generate(args, _checked(EngineArgs, args, commands["generate"]))
     if args.command == "make-tiny-model":
