@@ -51,3 +51,18 @@ def test_unkeyable_requests_have_no_key():
     assert k.key("/v1/chat/completions", json.dumps({"messages": image_message("http://example.com/a.png")}).encode()) is None
     assert k.key("/v1/models", b"") is None
     assert k.key("/generate", b'{"sampling_params": {}}') is None
+
+
+def test_anyres_key_is_the_engines_radix_key(tmp_path):
+    """A LLaVA-NeXT checkpoint: the router keys (and counts) a tiled image as its engine does."""
+    from vlserve import Engine
+    from vlserve.model.tiny_anyres import make_tiny_llava_next
+
+    path = make_tiny_llava_next(str(tmp_path / "next"))
+    uri = data_uri(png(seed=5))
+    body = {"text": "<image>\nDescribe it.", "image_data": uri}
+    got = RouteKeys(ModelFiles.read(path)).key("/generate", json.dumps(body).encode())
+    with Engine(path, max_total_tokens=1024) as engine:
+        expected = engine.tokenize(prompt=body["text"], image_data=[uri])
+        assert sum(t >= engine.loaded.config.text.vocab_size for t in expected) > engine.loaded.config.tokens_per_image
+    assert got == expected

@@ -13,7 +13,7 @@ import json
 import logging
 
 from vlserve.engine.request_builder import RequestBuilder
-from vlserve.preprocess import DEFAULT_NUM_FRAMES, ImageProcessing, MediaLimits, ProcessedImageCache
+from vlserve.preprocess import DEFAULT_NUM_FRAMES, MediaLimits, ProcessedImageCache
 from vlserve.router.model_files import ModelFiles
 from vlserve.server.chat import build_chat_prompt
 from vlserve.server.openai_protocol import ChatCompletionRequest
@@ -28,7 +28,7 @@ class RouteKeys:
         self.tokenizer = files.tokenizer
         # token_ids() reads only the tokenizer, config, processing, limits, frames and image cache:
         # the length limits and the constraint compiler belong to build(), which the router never calls.
-        self.builder = RequestBuilder(files.tokenizer, files.config, ImageProcessing.from_hf_config(files.processor_config),
+        self.builder = RequestBuilder(files.tokenizer, files.config, files.image_processing,
                                       limits, video_frames, context_len=0, pool_capacity=0, compiler=None,
                                       image_cache=ProcessedImageCache())
 

@@ -1,12 +1,14 @@
 """What the router needs of a checkpoint, without its weights: the tokenizer (with its chat
 template), the model config (image token id, tokens per image, vocabulary size) and the image
-processor config. Read from the same files the engine's loader reads (vlserve/model/loader.py)."""
+processor config. Read from the same files, through the same family table (model/families.py), as
+the engine's loader (vlserve/model/loader.py)."""
 
 import json
 import os
 from dataclasses import dataclass
 
-from vlserve.model.config import ModelConfig, model_config_from_hf
+from vlserve.model.config import ModelConfig
+from vlserve.model.families import family_for
 
 PROCESSOR_FILE = "preprocessor_config.json"
 PROCESSOR_FALLBACK = "processor_config.json"
@@ -18,6 +20,7 @@ class ModelFiles:
     tokenizer: object  # transformers PreTrainedTokenizerFast
     config: ModelConfig
     processor_config: dict
+    image_processing: object  # what the checkpoint's family builds from processor_config, as the loader does
 
     @classmethod
     def read(cls, path: str, chat_template: str | None = None) -> "ModelFiles":
@@ -33,7 +36,9 @@ class ModelFiles:
         elif not getattr(tokenizer, "chat_template", None):
             tokenizer.chat_template = _json(path, "chat_template.json").get("chat_template")
         processor = _json(path, PROCESSOR_FILE) or _json(path, PROCESSOR_FALLBACK).get("image_processor", {})
-        return cls(path, tokenizer, model_config_from_hf(AutoConfig.from_pretrained(path)), processor)
+        hf_config = AutoConfig.from_pretrained(path)
+        family = family_for(hf_config)  # the loader's table: anyres families key (and count) images their way
+        return cls(path, tokenizer, family.config_from_hf(hf_config), processor, family.image_processing(processor))
 
 
 def _json(path: str, name: str) -> dict:
