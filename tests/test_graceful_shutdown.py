@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-from server_helpers import start_server, tiny_model_dir
+from server_helpers import start_server, tiny_model_dir, wait_healthy
 
 
 def _free_port() -> int:
@@ -27,14 +27,8 @@ def _serve(*flags: str) -> tuple[subprocess.Popen, str]:
                              "--max-total-tokens", "8192", "--num-threads", "1", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise AssertionError("the server did not start")
+    wait_healthy(proc, url)
+    return proc, url
 
 
 class Stream(threading.Thread):
