@@ -5,13 +5,15 @@ from .hashing import PSEUDO_TOKEN_END, PSEUDO_TOKEN_MIN, content_hash, is_pseudo
 from .image_cache import ProcessedImageCache
 from .image_loader import IMAGE_FORMATS, decode_image, load_image, to_rgb
 from .limits import MediaLimits, check_image_count
+from .anyres import AnyresProcessing, PooledVideoProcessing
 from .prepare import ProcessedImage, prepare_image, prepare_video, process_image
-from .processing import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ImageProcessing
+from .processing import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ImageProcessing
 from .sources import MediaSource, read_source_bytes
 from .video import DEFAULT_NUM_FRAMES, SampledVideo, VideoInfo, load_video, read_video, sample_indices
 
 __all__ = [
-    "DEFAULT_NUM_FRAMES", "IMAGE_FORMATS", "OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD", "PSEUDO_TOKEN_END",
+    "AnyresProcessing", "DEFAULT_NUM_FRAMES", "IMAGE_FORMATS", "IMAGENET_STANDARD_MEAN", "IMAGENET_STANDARD_STD",
+    "OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD", "PSEUDO_TOKEN_END", "PooledVideoProcessing",
     "PSEUDO_TOKEN_MIN", "ImageProcessing", "MediaError", "MediaLimits", "MediaSource", "ProcessedImage",
     "ProcessedImageCache",
     "SampledVideo", "VideoInfo", "check_image_count", "content_hash", "decode_image", "is_pseudo_token",

@@ -12,12 +12,18 @@ PSEUDO_TOKEN_MIN = 2**62
 PSEUDO_TOKEN_END = 2**63  # exclusive
 
 
-def content_hash(pixels: np.ndarray) -> bytes:
-    """xxh3_128 (16 bytes) of the float32 C-contiguous pixels, prefixed by their shape."""
+def content_hash(pixels: np.ndarray, image_size: tuple[int, int] | None = None, role: str = "image") -> bytes:
+    """xxh3_128 (16 bytes) of the float32 C-contiguous pixels, prefixed by their shape (and by the
+    original image size where the model's features depend on it, as anyres unpadding does, and by a
+    video frame's role where a model treats the last frame differently)."""
     pixels = np.ascontiguousarray(pixels, dtype=np.float32)
     digest = xxhash.xxh3_128()
     # The shape goes in too, so a [3, 2, 8] and a [3, 4, 4] array with the same bytes differ.
     digest.update(np.asarray(pixels.shape, dtype=np.int64).tobytes())
+    if image_size is not None:
+        digest.update(b"size" + np.asarray(image_size, dtype=np.int64).tobytes())
+    if role != "image":  # a video frame whose features depend on its place in the video
+        digest.update(b"role" + role.encode())
     digest.update(memoryview(pixels).cast("B"))
     return digest.digest()
 

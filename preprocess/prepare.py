@@ -1,34 +1,30 @@
-"""Source to model-ready pixels plus content hash. Pure and thread-safe: meant for a worker thread."""
+"""Source to model-ready pixels plus content hash. Pure and thread-safe: meant for a worker thread.
 
-from dataclasses import dataclass
+A processing is any object with `process(PIL image) -> ProcessedImage`, `for_image_count(n)` (the
+processing for each of n images in one prompt) and `process_frames(frames)` (ImageProcessing for
+one view, AnyresProcessing for tiles, PooledVideoProcessing for frames); it must be hashable, since
+it keys the processed-image cache.
+"""
 
-import numpy as np
 from PIL import Image
 
-from .hashing import content_hash
 from .image_loader import load_image
 from .limits import MediaLimits
-from .processing import ImageProcessing
+from .processed import ProcessedImage
 from .sources import MediaSource
 from .video import load_video
 
-
-@dataclass(frozen=True)
-class ProcessedImage:
-    pixel_values: np.ndarray  # float32 [3, H, W], C-contiguous
-    content_hash: bytes  # 16 bytes, xxh3_128 of pixel_values
+__all__ = ["ProcessedImage", "prepare_image", "prepare_video", "process_image"]
 
 
-def process_image(image: Image.Image, processing: ImageProcessing) -> ProcessedImage:
-    pixels = processing(image)
-    return ProcessedImage(pixels, content_hash(pixels))
+def process_image(image: Image.Image, processing) -> ProcessedImage:
+    return processing.process(image)
 
 
-def prepare_image(source: MediaSource, processing: ImageProcessing,
-                  limits: MediaLimits = MediaLimits()) -> ProcessedImage:
+def prepare_image(source: MediaSource, processing, limits: MediaLimits = MediaLimits()) -> ProcessedImage:
     return process_image(load_image(source, limits), processing)
 
 
-def prepare_video(source: MediaSource, processing: ImageProcessing, limits: MediaLimits = MediaLimits(),
+def prepare_video(source: MediaSource, processing, limits: MediaLimits = MediaLimits(),
                   num_frames: int | None = None, fps: float | None = None) -> list[ProcessedImage]:
-    return [process_image(frame, processing) for frame in load_video(source, limits, num_frames, fps)]
+    return processing.process_frames(load_video(source, limits, num_frames, fps))

@@ -1,8 +1,8 @@
-"""Resize / crop / rescale / normalise per a Hugging Face image-processor config (CLIP and LLaVA-1.5 style).
+"""Resize / crop / rescale / normalise per a Hugging Face image-processor config (CLIP, LLaVA-1.5, SigLIP).
 
 The arithmetic follows transformers' PIL backend step for step (PIL resize on uint8 RGB, integer
 centre-crop offsets, rescale in float64 then cast to float32, normalise in float32), so the output
-matches CLIPImageProcessor / LlavaImageProcessor bit for bit.
+matches CLIPImageProcessor / LlavaImageProcessor / SiglipImageProcessor (their PIL backends) bit for bit.
 """
 
 from dataclasses import dataclass
@@ -11,11 +11,24 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from .hashing import content_hash
 from .image_loader import to_rgb
+from .processed import ProcessedImage
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+IMAGENET_STANDARD_MEAN = (0.5, 0.5, 0.5)
+IMAGENET_STANDARD_STD = (0.5, 0.5, 0.5)
 PIL_BICUBIC = 3
+
+# What a processor class assumes for the keys its saved config leaves out (transformers' class
+# attributes), by the image_processor_type prefix; CLIP's (the dataclass defaults) otherwise.
+# SigLIP: resize to exactly 224x224, no centre crop, normalise with 0.5/0.5.
+_CLASS_DEFAULTS = {
+    "Siglip": {"size": {"height": 224, "width": 224}, "do_center_crop": False,
+               "image_mean": IMAGENET_STANDARD_MEAN, "image_std": IMAGENET_STANDARD_STD},
+    "LlavaOnevision": {"size": {"height": 384, "width": 384}, "do_center_crop": False},
+}
 
 
 @dataclass(frozen=True)
@@ -44,21 +57,23 @@ class ImageProcessing:
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> "ImageProcessing":
-        """From the dict in a checkpoint's preprocessor_config.json; missing keys take CLIP's defaults."""
+        """From the dict in a checkpoint's preprocessor_config.json; missing keys take the defaults of
+        its image_processor_type (CLIP's when it is none of _CLASS_DEFAULTS)."""
         defaults = cls()
         processor_type = config.get("image_processor_type", "LlavaImageProcessor")
+        config = {**_class_defaults(processor_type), **config}
         shortest_edge, resize_to = _parse_size(config.get("size", {"shortest_edge": 224}))
         return cls(
             do_convert_rgb=bool(config.get("do_convert_rgb", True)),
             # `do_pad` means pad-to-square only on LlavaImageProcessor; elsewhere it pads a batch to
-            # its largest image, a no-op for one image.
-            do_pad_to_square=bool(config.get("do_pad", False)) and processor_type.startswith("Llava"),
+            # its largest image (LLaVA-NeXT: to the most tiles), a no-op for one image.
+            do_pad_to_square=bool(config.get("do_pad", False)) and processor_type.startswith("LlavaImageProcessor"),
             do_resize=bool(config.get("do_resize", True)),
             shortest_edge=shortest_edge,
             resize_to=resize_to,
             resample=int(config.get("resample", PIL_BICUBIC)),
             do_center_crop=bool(config.get("do_center_crop", True)),
-            crop_size=_parse_crop_size(config.get("crop_size", {"height": 224, "width": 224})),
+            crop_size=_parse_crop_size(config.get("crop_size") or {"height": 224, "width": 224}),  # null: no crop
             do_rescale=bool(config.get("do_rescale", True)),
             rescale_factor=float(config.get("rescale_factor", defaults.rescale_factor)),
             do_normalize=bool(config.get("do_normalize", True)),
@@ -87,6 +102,18 @@ class ImageProcessing:
             pixels = (pixels - mean) / std
         return np.ascontiguousarray(pixels, dtype=np.float32)
 
+    def process(self, image: Image.Image) -> ProcessedImage:
+        pixels = self(image)
+        return ProcessedImage(pixels, content_hash(pixels))
+
+    def for_image_count(self, n: int) -> "ImageProcessing":
+        """The processing for each image of a prompt with n images (the same, whatever n)."""
+        return self
+
+    def process_frames(self, frames: list[Image.Image]) -> list[ProcessedImage]:
+        """A video's sampled frames, each as a picture."""
+        return [self.process(f) for f in frames]
+
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         """(height, width) after resizing; with shortest_edge the long side is truncated, as transformers does."""
         if self.resize_to is not None:
@@ -94,6 +121,10 @@ class ImageProcessing:
         short, long = (width, height) if width <= height else (height, width)
         new_short, new_long = self.shortest_edge, int(self.shortest_edge * long / short)
         return (new_long, new_short) if width <= height else (new_short, new_long)
+
+
+def _class_defaults(processor_type: str) -> dict[str, Any]:
+    return next((d for prefix, d in _CLASS_DEFAULTS.items() if processor_type.startswith(prefix)), {})
 
 
 def pad_to_square(image: Image.Image, fill: tuple[int, int, int]) -> Image.Image:

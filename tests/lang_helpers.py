@@ -54,11 +54,11 @@ def metric(url: str, name: str) -> float:
 class AppServer:
     """Any ASGI app on 127.0.0.1, a free port, on a background thread (the scripted OpenAI fake)."""
 
-    def __init__(self, app):
+    def __init__(self, app, lifespan: str = "off"):
         import uvicorn
 
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                                    lifespan="off"))
+                                                    lifespan=lifespan))
         self._thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "AppServer":

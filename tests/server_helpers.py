@@ -57,17 +57,21 @@ def shared_server() -> tuple[object, BackgroundServer]:
 
 
 # ---- media ---------------------------------------------------------------------------------------
-def wait_healthy(proc, url: str, tries: int = 600) -> None:
-    """Polls url/health until 200 (the server subprocess must not exit meanwhile)."""
-    for _ in range(tries):
-        assert proc.poll() is None, proc.stdout.read()
+def wait_healthy(proc, url: str, timeout: float = 600.0) -> None:
+    """Until a server process started with stdout piped answers /health: fails if it exits first or
+    takes longer than timeout (start-up on a loaded 2-core machine can take minutes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError("the server exited: " + proc.stdout.read())
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the server did not answer /health within {timeout:.0f} s")
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
                 return
         except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("the server did not start")
+            pass
+        time.sleep(0.2)
 
 
 def png(width: int = 40, height: int = 40, seed: int = 0) -> bytes:

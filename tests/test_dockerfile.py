@@ -9,12 +9,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from server_helpers import tiny_model_dir
+from server_helpers import tiny_model_dir, wait_healthy
 
 DOCKERFILE = Path(__file__).resolve().parent.parent / "Dockerfile"
 
@@ -44,14 +43,7 @@ def test_the_entrypoint_serves_outside_docker():
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            if proc.poll() is not None:
-                raise AssertionError("the entrypoint exited: " + proc.stdout.read())
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_healthy(proc, url)
         out = httpx.post(url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, timeout=60)
         assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 2
     finally:

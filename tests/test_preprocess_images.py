@@ -338,16 +338,25 @@ HF_CONFIGS = [
     {"image_processor_type": "CLIPImageProcessor", "size": 30, "crop_size": 40},  # crop larger: zero padding
     {"image_processor_type": "CLIPImageProcessor", "size": 30, "crop_size": 20, "do_normalize": False},
     {"image_processor_type": "CLIPImageProcessor", "do_resize": False, "crop_size": 20, "do_rescale": False},
+    # SigLIP: resize to the exact size (aspect not kept), no crop, normalise 0.5/0.5 — as saved, and
+    # with every key left to the class's defaults (224x224)
+    {"image_processor_type": "SiglipImageProcessor", "size": {"height": 48, "width": 48}, "resample": 3,
+     "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+     "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+    {"image_processor_type": "SiglipImageProcessor", "size": {"height": 24, "width": 40}, "resample": 2},
+    {"image_processor_type": "SiglipImageProcessor"},
 ]
 
 
 def _hf_processor(config):
-    # transformers 5.24 without torchvision: the PIL backends are the classes CLIPImageProcessor and
-    # LlavaImageProcessor fall back to.
+    # transformers 5.24 without torchvision: the PIL backends are the classes CLIPImageProcessor,
+    # LlavaImageProcessor and SiglipImageProcessor fall back to (test_auto_image_processor_... checks).
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
     from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
-    kind = LlavaImageProcessorPil if config["image_processor_type"].startswith("Llava") else CLIPImageProcessorPil
+    kinds = {"Llava": LlavaImageProcessorPil, "Siglip": SiglipImageProcessorPil, "CLIP": CLIPImageProcessorPil}
+    kind = next(k for prefix, k in kinds.items() if config["image_processor_type"].startswith(prefix))
     return kind(**{k: v for k, v in config.items() if k != "image_processor_type"})
 
 
@@ -362,6 +371,30 @@ def test_processing_matches_transformers(config):
         assert got.dtype == np.float32 and got.flags.c_contiguous and got.shape == expected.shape
         # Same operations in the same order and dtypes, so equal to the last bit (1e-6 leaves margin).
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("processor_type", ["SiglipImageProcessor", "CLIPImageProcessor"])
+def test_auto_image_processor_loads_the_pil_class_we_match(tmp_path, processor_type):
+    """What AutoImageProcessor (and so AutoProcessor) builds from a checkpoint's config here: without
+    torchvision installed it is the PIL class (SiglipImageProcessorPil, CLIPImageProcessorPil) — the
+    one our processing is compared with above — and ours gives its pixels."""
+    import json
+
+    from transformers import AutoImageProcessor
+
+    config = next(c for c in HF_CONFIGS if c["image_processor_type"] == processor_type)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    hf = AutoImageProcessor.from_pretrained(str(tmp_path))
+    assert type(hf).__name__ == processor_type + "Pil"
+    picture = noise(70, 33, seed=5)
+    expected = np.asarray(hf(picture, return_tensors="np")["pixel_values"][0], dtype=np.float32)
+    np.testing.assert_allclose(ImageProcessing.from_hf_config(config)(picture), expected, rtol=0, atol=1e-6)
+
+
+def test_siglip_defaults_are_its_class_defaults():
+    siglip = ImageProcessing.from_hf_config({"image_processor_type": "SiglipImageProcessor"})
+    assert siglip.resize_to == (224, 224) and not siglip.do_center_crop
+    assert siglip.image_mean == (0.5, 0.5, 0.5) and siglip.image_std == (0.5, 0.5, 0.5)
 
 
 def test_llava_pad_to_square_uses_the_mean_colour():

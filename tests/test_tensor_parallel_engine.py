@@ -33,12 +33,13 @@ def _png(seed: int) -> bytes:
     return buf.getvalue()
 
 
-def _checkpoint(tmp_path_factory, name: str, kv_heads: int) -> str:
-    spec = TinyModelSpec(num_heads=4, num_kv_heads=kv_heads)
+def _checkpoint(tmp_path_factory, name: str, kv_heads: int, text: str = "llama") -> str:
+    spec = TinyModelSpec(num_heads=4, num_kv_heads=kv_heads, text=text)
     return make_tiny_model(str(tmp_path_factory.mktemp(name)), seed=5, spec=spec)
 
 
-@pytest.fixture(scope="module", params=[("gqa", 2), ("mha", 4)], ids=["gqa", "mha"])
+# GQA: a Llama decoder (no biases); MHA: a Qwen2 decoder (q/k/v biases, none on o)
+@pytest.fixture(scope="module", params=[("gqa", 2, "llama"), ("mha", 4, "qwen2")], ids=["gqa-llama", "mha-qwen2"])
 def checkpoint(request, tmp_path_factory):
     return _checkpoint(tmp_path_factory, *request.param)
 
@@ -68,7 +69,7 @@ def _run(model_dir: str, tp_size: int, monkeypatch) -> dict:
         vision_hits = engine.metrics.vision_cache_hits._value.get()
     return {"ids": [o["output_ids"] for o in first + again + [flushed]], "steps": steps, "pids": pids,
             "cached": [o["meta_info"]["cached_tokens"] for o in again + [flushed]], "vision_hits": vision_hits,
-            "pixels_sent": sum(m.new_pixels.shape[0] for m in sent if m is not None and m.new_pixels is not None)}
+            "pixels_sent": sum(len(m.new_images.pixels) for m in sent if m is not None)}
 
 
 def test_tp2_equals_tp1_token_for_token_and_logits_within_1e_4(checkpoint, monkeypatch):

@@ -25,7 +25,7 @@ def _serve_tp2() -> tuple[subprocess.Popen, str]:
                              "--max-total-tokens", "4096", "--num-threads", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    wait_healthy(proc, url, tries=900)
+    wait_healthy(proc, url)
     return proc, url
 
 

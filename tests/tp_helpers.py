@@ -21,10 +21,12 @@ from vlserve.model.tensor_parallel import (
 ATOL = 1e-5
 
 
-def text_config(heads: int, kv_heads: int, bias: bool, hidden: int = 32, head_dim: int = 8) -> TextConfig:
+def text_config(heads: int, kv_heads: int, qkv_bias: bool, o_bias: bool, hidden: int = 32,
+                head_dim: int = 8) -> TextConfig:
     return TextConfig(vocab_size=11, hidden_size=hidden, intermediate_size=24, num_layers=1, num_heads=heads,
                       num_kv_heads=kv_heads, head_dim=head_dim, rms_norm_eps=1e-6, max_position_embeddings=64,
-                      tie_word_embeddings=False, attention_bias=bias, eos_token_ids=(), hf_config=None)
+                      tie_word_embeddings=False, qkv_bias=qkv_bias, o_bias=o_bias, sliding_window=None,
+                      eos_token_ids=(), hf_config=None)
 
 
 def check_all_layers(rank: int, world: int, init_addr: str) -> None:
@@ -36,9 +38,10 @@ def check_all_layers(rank: int, world: int, init_addr: str) -> None:
         for check in (check_column, check_row, check_embedding, check_lm_head, check_mlp):
             torch.manual_seed(0)  # every rank builds the same full layer and input
             check(tp)
-        for heads, kv_heads, bias in ((4, 2, False), (4, 4, True), (4, 1, True)):  # GQA, MHA, replicated KV
+        # GQA (Llama: no biases), MHA (biases everywhere), fewer KV heads than ranks (Qwen2: q/k/v biases only)
+        for heads, kv_heads, qkv_bias, o_bias in ((4, 2, False, False), (4, 4, True, True), (4, 1, True, False)):
             torch.manual_seed(0)
-            check_attention(tp, text_config(heads, kv_heads, bias))
+            check_attention(tp, text_config(heads, kv_heads, qkv_bias, o_bias))
     finally:
         dist.destroy_process_group()
 
@@ -90,7 +93,7 @@ def check_lm_head(tp: TPContext) -> None:
 
 
 def check_mlp(tp: TPContext) -> None:
-    full, x = MLP(text_config(4, 2, False)), torch.randn(6, 32)
+    full, x = MLP(text_config(4, 2, False, False)), torch.randn(6, 32)
     full.fuse()
     sharded = copy.deepcopy(full)
     shard_mlp(sharded, tp)
@@ -111,7 +114,7 @@ def check_attention(tp: TPContext, cfg: TextConfig) -> None:
     table = ReqToTokenPool(2, 32)
     rows = [table.alloc(), table.alloc()]
     backend = AttentionBackend("reference")
-    name = f"attention heads={cfg.num_heads} kv_heads={cfg.num_kv_heads} bias={cfg.attention_bias}"
+    name = f"attention heads={cfg.num_heads} kv_heads={cfg.num_kv_heads} biases={cfg.qkv_bias, cfg.o_bias}"
     next_slot, lens = 0, [0, 0]
     for step_lens in ((5, 3), (1, 1)):
         slices = []

@@ -1,10 +1,14 @@
-"""The `vlserve` command: serve, generate, make-tiny-model, videoqa, bench."""
+"""The `vlserve` command: serve, router, generate, make-tiny-model, videoqa, bench."""
 
 import argparse
 import json
 import sys
 
 from vlserve.core.config import EngineArgs
+from vlserve.model.tiny_architectures import ARCHITECTURES as TINY_ARCHITECTURES
+from vlserve.model.tiny import TEXT_MODELS as TINY_TEXT_MODELS
+from vlserve.model.tiny import VISION_MODELS as TINY_VISION_MODELS
+from vlserve.router.args import RouterArgs
 from vlserve.server.args import ServerArgs
 
 
@@ -15,6 +19,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
     serve = sub.add_parser("serve", help="run the HTTP server (OpenAI-compatible + native routes)")
     ServerArgs.add_cli_args(serve)
+
+    router = sub.add_parser("router", help="a cache-aware router (images included) in front of running servers")
+    RouterArgs.add_cli_args(router)
 
     gen = sub.add_parser("generate", help="answer one prompt (with images/videos) offline and print the result")
     gen.add_argument("--prompt", required=True)
@@ -29,12 +36,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     tiny.add_argument("dir")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--layout", choices=["transformers", "llava-hf"], default="transformers")
+    tiny.add_argument("--arch", choices=sorted(TINY_ARCHITECTURES), default="llava",
+                      help="the architecture (llava: LlavaForConditionalGeneration, llava-next: LLaVA-NeXT anyres, "
+                           "llava-onevision: OneVision)")
+    tiny.add_argument("--text", choices=sorted(TINY_TEXT_MODELS), default=None,
+                      help="the decoder's config class (default: llama; qwen2 for llava-onevision)")
+    tiny.add_argument("--vision", choices=list(TINY_VISION_MODELS), default=None,
+                      help="the vision tower (default: clip; siglip for llava-onevision)")
 
     for name, module in (("videoqa", "vlserve.bench.videoqa"), ("bench", "vlserve.bench.cli")):
         p = sub.add_parser(name, help=f"see `vlserve {name} --help`", add_help=False)
         p.set_defaults(module=module)
 
-    return parser, {"serve": serve, "generate": gen, "make-tiny-model": tiny}
+    return parser, {"serve": serve, "router": router, "generate": gen, "make-tiny-model": tiny}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,13 +60,23 @@ def main(argv: list[str] | None = None) -> int:
     if rest:  # the command's own usage, not the top level's
         commands[args.command].error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "serve":
+        serve_args = _checked(ServerArgs, args, commands["serve"])
+        if serve_args.dp_size > 1:
+            from vlserve.router.data_parallel import serve_data_parallel
+            return serve_data_parallel(serve_args)
         from vlserve.server.app import run_server
-        return run_server(_checked(ServerArgs, args, commands["serve"])) or 0
+        return run_server(serve_args) or 0
+    if args.command == "router":
+        from vlserve.router.serve import run_router
+        return run_router(_checked(RouterArgs, args, commands["router"]))
     if args.command == "generate":
         return _generate(args, _checked(EngineArgs, args, commands["generate"]))
     if args.command == "make-tiny-model":
-        from vlserve.model.tiny import make_tiny_model
-        print(make_tiny_model(args.dir, seed=args.seed, layout=args.layout))
+        from vlserve.model.tiny import TinyModelSpec
+        from vlserve.model.tiny_architectures import DEFAULT_TEXT_VISION, make_tiny_checkpoint
+        text, vision = DEFAULT_TEXT_VISION.get(args.arch, ("llama", "clip"))
+        spec = TinyModelSpec(text=args.text or text, vision=args.vision or vision)
+        print(make_tiny_checkpoint(args.dir, args.arch, seed=args.seed, spec=spec, layout=args.layout))
         return 0
     return 2
 

@@ -26,9 +26,11 @@ class ImageSpan:
     start: int
     length: int
     content_hash: bytes
-    # np.ndarray [3, H, W] float32, kept for the request's life: after a retraction or an
-    # eviction of its KV and of its vision-cache entry, the tower must run on it again.
+    # np.ndarray float32 [3, H, W] (or [views, 3, H, W] for anyres), kept for the request's life:
+    # after a retraction or an eviction of its KV and of its vision-cache entry, the tower must run on it again.
     pixel_values: Any
+    image_size: tuple[int, int] | None = None  # original (height, width), for models whose features depend on it
+    role: str = "image"  # or "frame" / "last_frame" of a video (preprocess.ProcessedImage.role)
 
     @property
     def end(self) -> int:

@@ -23,6 +23,20 @@ import torch.distributed as dist
 from vlserve.cache.vision_cache import VisionEmbeddingCache
 from vlserve.core.forward_batch import ForwardBatch, ForwardMode
 
+@dataclass
+class NewImages:
+    """The images rank 0 encoded (its vision-cache misses), in the order of its "put" operations:
+    pixels ([3, H, W], or [views, 3, H, W] for anyres), original sizes and roles, as the tower takes them."""
+    pixels: list[torch.Tensor] = field(default_factory=list)
+    sizes: list = field(default_factory=list)
+    roles: list = field(default_factory=list)
+
+    def add(self, pixels: list[torch.Tensor], sizes: list | None, roles: list | None) -> None:
+        self.pixels += [p.cpu() for p in pixels]
+        self.sizes += sizes or [None] * len(pixels)
+        self.roles += roles or [None] * len(pixels)
+
+
 VisionOp = tuple[str, bytes | None]  # ("get", hash) of a hit, ("put", hash) of an encoded image, ("clear", None)
 ImagePiece = tuple[bytes, int, int]  # rows lo:hi of one image's embedding, in the batch's image-row order
 
@@ -40,18 +54,18 @@ class StepMessage:
     rows: torch.Tensor  # [B, max(seq_lens)] the step's req_to_token rows
     image_mask: torch.Tensor | None = None
     vision_ops: list[VisionOp] = field(default_factory=list)
-    new_pixels: torch.Tensor | None = None  # the images of the "put" ops, in order
+    new_images: NewImages = field(default_factory=NewImages)  # the images of the "put" ops, in order
     image_pieces: list[ImagePiece] = field(default_factory=list)
 
     @classmethod
-    def of(cls, batch: ForwardBatch, vision_ops: list[VisionOp], new_pixels: torch.Tensor | None,
+    def of(cls, batch: ForwardBatch, vision_ops: list[VisionOp], new_images: NewImages,
            image_pieces: list[ImagePiece]) -> "StepMessage":
         longest = int(batch.seq_lens.max())
         rows = batch.req_to_token[batch.req_pool_indices, :longest]
         cpu = lambda t: None if t is None else t.cpu()  # noqa: E731 (pickled: no device tensors)
         return cls(batch.mode, cpu(batch.input_ids), cpu(batch.positions), cpu(batch.out_cache_loc),
                    cpu(batch.seq_lens), cpu(batch.extend_lens), cpu(batch.qo_start_loc), cpu(batch.logits_rows),
-                   cpu(rows), cpu(batch.image_mask), vision_ops, cpu(new_pixels), image_pieces)
+                   cpu(rows), cpu(batch.image_mask), vision_ops, new_images, image_pieces)
 
     def forward_batch(self, image_embeds: torch.Tensor | None, device: str) -> ForwardBatch:
         to = lambda t: None if t is None else t.to(device)  # noqa: E731
@@ -66,7 +80,8 @@ class StepMessage:
 
 def replay_vision(msg: StepMessage, cache: VisionEmbeddingCache, encode) -> dict[bytes, torch.Tensor]:
     """Applies rank 0's cache operations to this rank's cache; returns the embeddings the step reads."""
-    encoded = iter(encode(msg.new_pixels) if msg.new_pixels is not None else ())
+    new = msg.new_images
+    encoded = iter(encode(new.pixels, new.sizes, new.roles) if new.pixels else ())
     found = {}
     for op, content_hash in msg.vision_ops:
         if op == "clear":

@@ -15,7 +15,7 @@ import torch
 from vlserve.cache.vision_cache import VisionEmbeddingCache
 from vlserve.core.forward_batch import ForwardBatch
 from vlserve.core.step import PlannedExtend, StepResult
-from vlserve.distributed.step_message import ImagePiece, StepMessage, VisionOp, broadcast
+from vlserve.distributed.step_message import ImagePiece, NewImages, StepMessage, VisionOp, broadcast
 from vlserve.runner.image_embedder import ImageEmbedder
 from vlserve.runner.model_runner import ModelRunner
 
@@ -54,7 +54,7 @@ class TensorParallelRunner(ModelRunner):
         self.embedder.cache = self.cache
         self.dead_rank, self.on_fatal = dead_rank, on_fatal
         self.failure: str | None = None
-        self._pixels: list[torch.Tensor] = []  # what rank 0 encoded since the last broadcast
+        self._encoded = NewImages()  # what rank 0 encoded since the last broadcast
         self._pieces: list[ImagePiece] = []
 
     def run(self, plan: list[PlannedExtend]) -> StepResult:
@@ -62,16 +62,16 @@ class TensorParallelRunner(ModelRunner):
                         for span, lo, hi in ImageEmbedder.overlaps(p.req, p.req.kv_len, p.req.kv_len + p.num_tokens)]
         return super().run(plan)
 
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        self._pixels.append(pixel_values)
-        return super().encode_images(pixel_values)
+    def encode_images(self, pixel_values: list[torch.Tensor], image_sizes: list | None = None,
+                      roles: list[str] | None = None) -> list[torch.Tensor]:
+        self._encoded.add(pixel_values, image_sizes, roles)
+        return super().encode_images(pixel_values, image_sizes, roles)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         if self.failure is not None:
             raise TensorParallelError(self.failure)
-        msg = StepMessage.of(batch, self._take_ops(), torch.cat(self._pixels) if self._pixels else None,
-                             self._pieces)
-        self._pixels = []
+        msg = StepMessage.of(batch, self._take_ops(), self._encoded, self._pieces)
+        self._encoded = NewImages()
         try:
             broadcast(msg)
             return super().forward(batch)

@@ -96,8 +96,8 @@ class _WorkerRuntime:
             batch = msg.forward_batch(image_embeds(msg, found), self.device)
             self.loaded.model(batch, self.kv, self.attention)  # its logits go to rank 0 inside the LM head
 
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.loaded.model.encode_images(pixel_values.to(self.device))
+    def encode_images(self, pixel_values: list[torch.Tensor], image_sizes: list, roles: list) -> list[torch.Tensor]:
+        return self.loaded.model.encode_images([p.to(self.device) for p in pixel_values], image_sizes, roles)
 
 
 def _exit_with_parent(parent_pid: int) -> None:

@@ -33,7 +33,7 @@ from vlserve.model.tensor_parallel import check_shardable, kv_heads_per_rank
 from vlserve.model.builtin import builtin_model_path
 from vlserve.model.loader import load_model
 from vlserve.model.cpu_threads import configure_compute_threads, media_workers
-from vlserve.preprocess import DEFAULT_NUM_FRAMES, ImageProcessing, MediaLimits, ProcessedImageCache
+from vlserve.preprocess import DEFAULT_NUM_FRAMES, MediaLimits, ProcessedImageCache
 from vlserve.runner.model_runner import ModelRunner
 from vlserve.scheduler.finish import FinishChecker
 from vlserve.scheduler.scheduler import Scheduler
@@ -79,13 +79,13 @@ class Engine:
         self.scheduler = Scheduler(self.memory, pick(SchedulerConfig, args), self.metrics,
                                    FinishChecker(self.tokenizer, eos))
         self.builder = RequestBuilder(
-            self.tokenizer, self.loaded.config, ImageProcessing.from_hf_config(self.loaded.processor_config),
+            self.tokenizer, self.loaded.config, self.loaded.image_processing,
             MediaLimits(max_images_per_request=args.max_images_per_request, allow_url_fetch=args.allow_url_fetch,
                         allowed_media_path=args.allowed_media_path,
                         allowed_media_domains=tuple(h.strip() for h in (args.allowed_media_domains or "").split(",")
                                                     if h.strip())),
             args.video_frames or DEFAULT_NUM_FRAMES, self.context_len, self.memory.allocator.capacity,
-            ConstraintCompiler(self.tokenizer), ProcessedImageCache())
+            ConstraintCompiler(self.tokenizer), ProcessedImageCache(), self.context_note)
         self.media_pool = ThreadPoolExecutor(max_workers=media_workers(threads), thread_name_prefix="vlserve-media")
         self.draining = False  # set by drain(): no new request is accepted
         self.stats_log = StatsLog(self.metrics, self.pool_state,
@@ -100,7 +100,11 @@ class Engine:
         # under tensor parallelism each rank's pool holds its KV heads for every slot
         shape = KVShape(text.num_layers, kv_heads_per_rank(text.num_kv_heads, self.args.tp_size), text.head_dim,
                         cfg.dtype)
-        context = min(self.args.context_length or text.max_position_embeddings, text.max_position_embeddings)
+        limit, why = cfg.context_limit
+        context = min(self.args.context_length or limit, limit)
+        self.context_note = why if why and context == limit else ""  # said at start-up and in 400s
+        if self.context_note:
+            log.warning("context length %d: %s", context, self.context_note)
         total = self.args.max_total_tokens or default_max_total_tokens(shape, self.args.mem_fraction_static)
         return KVMemory.create(shape, pick(MemoryConfig, self.args, max_total_tokens=total, context_length=context),
                                device)

@@ -1,12 +1,13 @@
 """Tokenize: prompt text (or ids) + processed media → token ids with pseudo-token keys.
 
 Each `<image>` marker takes the next image; each `<video>` marker becomes one `<image>` per sampled
-frame. Every image/frame expands to tokens_per_image positions whose ids are pad values derived
+frame. Every image/frame expands to its token count (fixed, or by its size for anyres) of positions whose ids are pad values derived
 from its content hash (vlserve.preprocess.pad_values): two requests with the same picture share a
 token prefix, two different pictures never do, and no pad value is a real vocabulary id.
 """
 
 from dataclasses import dataclass
+from typing import Callable
 
 from vlserve.core.request import ImageSpan
 from vlserve.preprocess import ProcessedImage, pad_values
@@ -58,8 +59,9 @@ def tokenize_text(tokenizer, text: str) -> list[int]:
 
 
 def expand_image_tokens(ids: list[int], image_token_id: int, images: list[ProcessedImage],
-                        tokens_per_image: int) -> tuple[list[int], list[ImageSpan]]:
-    """Replaces each image token with tokens_per_image pseudo-token ids of the matching image."""
+                        image_tokens: Callable[[ProcessedImage], int]) -> tuple[list[int], list[ImageSpan]]:
+    """Replaces each image token with the image's pseudo-token ids, as many as image_tokens(image)
+    says (ModelConfig.image_tokens)."""
     count = ids.count(image_token_id)
     if count != len(images):
         raise InvalidRequest(f"the prompt has {count} image tokens for {len(images)} images/frames")
@@ -69,6 +71,7 @@ def expand_image_tokens(ids: list[int], image_token_id: int, images: list[Proces
             out.append(t)
             continue
         img = next(it)
-        spans.append(ImageSpan(len(out), tokens_per_image, img.content_hash, img.pixel_values))
-        out.extend(pad_values(img.content_hash, tokens_per_image))
+        n = image_tokens(img)
+        spans.append(ImageSpan(len(out), n, img.content_hash, img.pixel_values, img.image_size, img.role))
+        out.extend(pad_values(img.content_hash, n))
     return out, spans

@@ -15,7 +15,7 @@ from vlserve.core.request import Req
 from vlserve.core.sampling_params import SamplingParams
 from vlserve.engine.prompt import PromptMedia, expand_image_tokens, expand_text, tokenize_text
 from vlserve.model.config import ModelConfig
-from vlserve.preprocess import ImageProcessing, MediaLimits, ProcessedImageCache, check_image_count, prepare_video
+from vlserve.preprocess import MediaLimits, ProcessedImageCache, check_image_count, prepare_video
 
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
@@ -25,13 +25,14 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
 class RequestBuilder:
     tokenizer: object
     config: ModelConfig
-    processing: ImageProcessing
+    processing: object  # preprocess.ImageProcessing or AnyresProcessing (the model's)
     limits: MediaLimits
     video_frames: int  # default frames sampled per video
     context_len: int
     pool_capacity: int  # KV slots in the pool: no request may need more
     compiler: ConstraintCompiler
     image_cache: ProcessedImageCache  # the same upload again skips decode, resize and hashing
+    context_note: str = ""  # why context_len is below the model's positions (a sliding window), for 400s
 
     def build(self, prompt: str | None = None, input_ids: list[int] | None = None,
               image_data: list | None = None, video_data: list | None = None,
@@ -65,12 +66,13 @@ class RequestBuilder:
             raise InvalidRequest("give exactly one of prompt (text) or input_ids")
         ids, ordered = self._tokens(prompt, input_ids, _as_list(image_data, "image_data"),
                                     _as_list(video_data, "video_data"), video_num_frames, video_fps)
-        return expand_image_tokens(ids, self.config.image_token_id, ordered, self.config.tokens_per_image)
+        return expand_image_tokens(ids, self.config.image_token_id, ordered, self.config.image_tokens)
 
     def _tokens(self, prompt, input_ids, image_data, video_data, video_num_frames, video_fps):
         """Token ids (one image token per image or frame) and the processed images in their order."""
         check_image_count(len(image_data), self.limits)
-        images = [self.image_cache.prepare_image(src, self.processing, self.limits) for src in image_data]
+        processing = self.processing.for_image_count(len(image_data))  # OneVision tiles a lone image only
+        images = [self.image_cache.prepare_image(src, processing, self.limits) for src in image_data]
         frames_kw = ({"fps": video_fps} if video_fps is not None and video_num_frames is None
                      else {"num_frames": video_num_frames or (None if video_fps else self.video_frames), "fps": video_fps})
         videos = [prepare_video(src, self.processing, self.limits, **frames_kw) for src in video_data]
@@ -88,7 +90,8 @@ class RequestBuilder:
         room = min(self.context_len, self.pool_capacity) - prompt_len
         if room < 1:
             raise InvalidRequest(f"the prompt has {prompt_len} tokens: no room to generate within the context "
-                                 f"length of {self.context_len} tokens and the KV pool of {self.pool_capacity}")
+                                 f"length of {self.context_len} tokens and the KV pool of {self.pool_capacity}"
+                                 + (f" ({self.context_note})" if self.context_note else ""))
         return room
 
     def _check_length(self, prompt_len: int, params: SamplingParams) -> None:
@@ -96,7 +99,8 @@ class RequestBuilder:
             raise InvalidRequest("the prompt is empty")
         if prompt_len + params.max_new_tokens > self.context_len:
             raise InvalidRequest(f"the prompt has {prompt_len} tokens and max_new_tokens is {params.max_new_tokens}: "
-                                 f"together over the context length of {self.context_len} tokens")
+                                 f"together over the context length of {self.context_len} tokens"
+                                 + (f" ({self.context_note})" if self.context_note else ""))
         if prompt_len + params.max_new_tokens > self.pool_capacity:
             raise InvalidRequest(f"the request needs up to {prompt_len + params.max_new_tokens} KV slots, "
                                  f"over the KV pool of {self.pool_capacity}")

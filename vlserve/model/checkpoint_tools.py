@@ -1,8 +1,8 @@
 """What the checkpoint writers share — the tiny test checkpoints (model/tiny.py) and the built-in
 model (builtin/): LLaVA's special tokens, the LLaVA-1.5 chat template, a trained byte-level BPE
-wrapped as a transformers tokenizer, and CLIP's image-processor settings."""
+wrapped as a transformers tokenizer, and CLIP's and SigLIP's image-processor settings."""
 
-from vlserve.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from vlserve.preprocess import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 BOS, EOS, UNK, PAD, IMAGE_TOKEN = "<s>", "</s>", "<unk>", "<pad>", "<image>"
 
@@ -48,3 +48,10 @@ def clip_image_processor_kwargs(image_size: int) -> dict:
             "crop_size": {"height": image_size, "width": image_size}, "do_rescale": True,
             "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
             "image_mean": list(OPENAI_CLIP_MEAN), "image_std": list(OPENAI_CLIP_STD)}
+
+
+def siglip_image_processor_kwargs(image_size: int) -> dict:
+    """SigLIP's processing at image_size: resize to exactly image_size square, rescale, normalise 0.5/0.5."""
+    return {"do_resize": True, "size": {"height": image_size, "width": image_size}, "resample": 3,
+            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+            "image_mean": list(IMAGENET_STANDARD_MEAN), "image_std": list(IMAGENET_STANDARD_STD)}

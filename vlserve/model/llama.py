@@ -1,7 +1,10 @@
 """A Llama-style decoder whose attention reads and writes KV through the paged pool.
 
 Same maths as transformers' LlamaModel (RMSNorm, RoPE with the config's rope_parameters, GQA,
-SiLU MLP), over a flat [T, hidden] batch of ragged requests instead of [B, S, hidden].
+SiLU MLP), over a flat [T, hidden] batch of ragged requests instead of [B, S, hidden]. Mistral and
+Qwen2 are the same decoder: they differ only in the attention biases (TextConfig.qkv_bias / o_bias:
+Qwen2 has q/k/v biases and none on o_proj) and Mistral's sliding window, which the engine honours by
+capping the context at the window (ModelConfig.context_limit).
 """
 
 import torch
@@ -82,11 +85,11 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        bias = cfg.attention_bias
+        bias = cfg.qkv_bias
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         self.sm_scale = cfg.head_dim ** -0.5
 
     def fuse(self) -> None:

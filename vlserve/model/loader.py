@@ -16,9 +16,12 @@ import torch
 from safetensors import safe_open
 
 from vlserve.core.errors import CheckpointError
-from vlserve.model.config import ModelConfig, model_config_from_hf, parse_dtype
+from vlserve.model.config import ModelConfig, parse_dtype
 from vlserve.model.cpu_gemm import native_bf16, native_fp16, use_cpu_gemm
+from vlserve.model.families import Family, family_for
 from vlserve.model.llava import LlavaForServing
+from vlserve.model.vision import SIGLIP_HEAD_PREFIX
+from vlserve.preprocess import ImageProcessing
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,8 @@ _KEY_PREFIXES = (
     ("vision_tower.", "vision.vision_tower."),
     ("multi_modal_projector.", "vision.multi_modal_projector."),
     ("lm_head.", "lm_head."),
+    ("model.image_newline", "vision.image_newline"),  # LLaVA-NeXT
+    ("image_newline", "vision.image_newline"),
 )
 
 
@@ -52,6 +57,8 @@ class LoadedModel:
     processor_config: dict  # preprocessor_config.json
     hf_config: Any
     dtype_note: str = ""  # how the dtype was chosen (said at start-up)
+    family: Family | None = None  # the model/families.py entry it was loaded by
+    image_processing: ImageProcessing | None = None  # built by the family from processor_config
 
 
 def native_key(key: str) -> str | None:
@@ -108,13 +115,14 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
         hf_config = AutoConfig.from_pretrained(path)
     except (ValueError, KeyError, OSError) as e:
         raise CheckpointError(f"{path}: config.json could not be read: {e}") from e
-    cfg = model_config_from_hf(hf_config)
+    family = family_for(hf_config)
+    cfg = family.config_from_hf(hf_config)
     chosen, note = resolve_dtype(dtype, cfg.dtype, device)
     cfg = _with_dtype(cfg, chosen)
-    log.info("dtype: %s", note)
+    log.info("%s; dtype: %s", family.architecture, note)
     with torch.device("meta"):
-        model = LlavaForServing(cfg)
-    state = read_state_dict(files, cfg.dtype)
+        model = family.build_model(cfg)
+    state = {k: v for k, v in read_state_dict(files, cfg.dtype).items() if not k.startswith(SIGLIP_HEAD_PREFIX)}
     expected = set(model.state_dict().keys())
     if cfg.text.tie_word_embeddings:
         expected.discard("lm_head.weight")
@@ -134,7 +142,11 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
     if not getattr(tokenizer, "chat_template", None):  # the processor's chat_template.json, as AutoProcessor reads it
         tokenizer.chat_template = _json(path, "chat_template.json").get("chat_template")
     processor_config = _json(path, PROCESSOR_FILE) or _json(path, PROCESSOR_FALLBACK)["image_processor"]
-    return LoadedModel(path, cfg, model, tokenizer, processor_config, hf_config, note)
+    try:
+        processing = family.image_processing(processor_config)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: image processor config not served: {e}") from e
+    return LoadedModel(path, cfg, model, tokenizer, processor_config, hf_config, note, family, processing)
 
 
 def resolve_dtype(requested: str | torch.dtype | None, checkpoint: torch.dtype,

@@ -1,18 +1,18 @@
 """Tiny random LLaVA checkpoints in exactly the Hugging Face format, for tests and examples.
 
-`vlserve make-tiny-model DIR` writes config.json, safetensors weights, a byte-level BPE tokenizer
-trained here with the `tokenizers` library (with `<image>` and a chat template), and the
-processor configs, in a second or two. Nothing is downloaded.
+`vlserve make-tiny-model DIR [--arch llava] [--text llama|mistral|qwen2] [--vision clip|siglip]`
+writes config.json, safetensors weights, a byte-level BPE tokenizer trained here with the
+`tokenizers` library (with `<image>` and a chat template), and the processor configs, in a second
+or two. Nothing is downloaded. model/tiny_architectures.py maps each --arch to the function that writes it.
 """
 
 import json
 import os
 from dataclasses import dataclass
 
-import torch
-
 from vlserve.model.checkpoint_tools import (
     BOS, EOS, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, PAD, UNK, clip_image_processor_kwargs, llava_tokenizer,
+    siglip_image_processor_kwargs,
 )
 
 SPECIAL_TOKENS = [UNK, BOS, EOS, PAD, IMAGE_TOKEN]
@@ -36,8 +36,11 @@ class TinyModelSpec:
     num_kv_heads: int = 2
     head_dim: int | None = None
     tie_word_embeddings: bool = False
-    rope_theta: float = 10000.0
+    rope_theta: float | None = None  # None: the text model's usual (1e6 for Qwen2, 1e4 otherwise)
     rope_scaling: dict | None = None
+    text: str = "llama"  # a key of TEXT_MODELS
+    vision: str = "clip"  # a key of VISION_MODELS
+    sliding_window: int | None = None  # Mistral's window; Qwen2: its window on every layer (use_sliding_window)
     vision_hidden: int = 32
     vision_layers: int = 2
     vision_heads: int = 4
@@ -57,42 +60,99 @@ def train_tokenizer(vocab_size: int, extra_text: str = ""):
     return llava_tokenizer(train_byte_level_bpe([_CORPUS, extra_text], vocab_size, SPECIAL_TOKENS), 4096)
 
 
-def build_hf_config(spec: TinyModelSpec, tokenizer):
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+def _llama(spec: TinyModelSpec, common: dict):
+    from transformers import LlamaConfig
 
-    text = LlamaConfig(
+    return LlamaConfig(**common)
+
+
+def _mistral(spec: TinyModelSpec, common: dict):
+    from transformers import MistralConfig
+
+    return MistralConfig(**common, sliding_window=spec.sliding_window)
+
+
+def _qwen2(spec: TinyModelSpec, common: dict):
+    from transformers import Qwen2Config
+
+    window = {"use_sliding_window": True, "sliding_window": spec.sliding_window, "max_window_layers": 0} \
+        if spec.sliding_window else {"use_sliding_window": False}
+    return Qwen2Config(**common, **window)
+
+
+# --text → the transformers text config it writes; the usual rope_theta of each
+TEXT_MODELS = {"llama": (_llama, 10000.0), "mistral": (_mistral, 10000.0), "qwen2": (_qwen2, 1000000.0)}
+
+
+def _vision_config(spec: TinyModelSpec):
+    from transformers import CLIPVisionConfig, SiglipVisionConfig
+
+    common = dict(hidden_size=spec.vision_hidden, intermediate_size=spec.vision_intermediate or spec.vision_hidden * 2,
+                  num_hidden_layers=spec.vision_layers, num_attention_heads=spec.vision_heads,
+                  image_size=spec.image_size, patch_size=spec.patch_size)
+    if spec.vision == "siglip":
+        return SiglipVisionConfig(**common)
+    return CLIPVisionConfig(**common, projection_dim=spec.vision_hidden)
+
+
+VISION_MODELS = ("clip", "siglip")
+
+
+def build_text_config(spec: TinyModelSpec, tokenizer):
+    if spec.text not in TEXT_MODELS:
+        raise ValueError(f"unknown text model {spec.text!r}; use one of {sorted(TEXT_MODELS)}")
+    build, usual_theta = TEXT_MODELS[spec.text]
+    common = dict(
         # rows past the tokenizer's vocabulary exist (as in real checkpoints) but are never produced by it
         vocab_size=max(len(tokenizer), spec.vocab_size), hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim or spec.hidden_size // spec.num_heads,
         max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=spec.tie_word_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta, **(spec.rope_scaling or {})},
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta or usual_theta,
+                         **(spec.rope_scaling or {})},
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    vision = CLIPVisionConfig(
-        hidden_size=spec.vision_hidden, intermediate_size=spec.vision_intermediate or spec.vision_hidden * 2,
-        num_hidden_layers=spec.vision_layers,
-        num_attention_heads=spec.vision_heads, image_size=spec.image_size, patch_size=spec.patch_size,
-        projection_dim=spec.vision_hidden)
-    n_patches = (spec.image_size // spec.patch_size) ** 2
+    return build(spec, common)
+
+
+def tokens_per_image(spec: TinyModelSpec) -> int:
+    """As transformers' LLaVA counts them: the patches, CLIP's CLS, less one position under "default"."""
+    n = (spec.image_size // spec.patch_size) ** 2 + (spec.vision == "clip")
+    return n - (spec.vision_feature_select_strategy == "default")
+
+
+def build_hf_config(spec: TinyModelSpec, tokenizer):
+    from transformers import LlavaConfig
+
+    if spec.vision not in VISION_MODELS:
+        raise ValueError(f"unknown vision model {spec.vision!r}; use one of {list(VISION_MODELS)}")
     return LlavaConfig(
-        vision_config=vision, text_config=text, image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_config=_vision_config(spec), text_config=build_text_config(spec, tokenizer),
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
         vision_feature_layer=spec.vision_feature_layer,
         vision_feature_select_strategy=spec.vision_feature_select_strategy,
-        image_seq_length=n_patches + (spec.vision_feature_select_strategy == "full"),
-        tie_word_embeddings=spec.tie_word_embeddings)
+        image_seq_length=tokens_per_image(spec), tie_word_embeddings=spec.tie_word_embeddings)
 
 
 def save_processor(out_dir: str, spec: TinyModelSpec, tokenizer) -> None:
-    """preprocessor_config.json (CLIP resize + centre crop) and processor_config.json (LlavaProcessor).
+    """preprocessor_config.json (CLIP: resize + centre crop; SigLIP: resize to the exact size) and
+    processor_config.json (LlavaProcessor).
 
     LlavaProcessor expands <image> to (size/patch)^2 + num_additional_image_tokens - (1 if "default"),
-    so a CLIP tower (which adds a CLS token) needs num_additional_image_tokens=1.
+    so a CLIP tower (which adds a CLS token) needs num_additional_image_tokens=1, SigLIP 0.
     """
-    image_processor = {"image_processor_type": "CLIPImageProcessor", **clip_image_processor_kwargs(spec.image_size)}
+    siglip = spec.vision == "siglip"
+    image_processor = ({"image_processor_type": "SiglipImageProcessor", **siglip_image_processor_kwargs(spec.image_size)}
+                       if siglip else
+                       {"image_processor_type": "CLIPImageProcessor", **clip_image_processor_kwargs(spec.image_size)})
     processor = {"processor_class": "LlavaProcessor", "patch_size": spec.patch_size,
                  "vision_feature_select_strategy": spec.vision_feature_select_strategy,
-                 "num_additional_image_tokens": 1, "image_token": IMAGE_TOKEN}
+                 "num_additional_image_tokens": 0 if siglip else 1, "image_token": IMAGE_TOKEN}
+    write_processor_files(out_dir, image_processor, processor)
+
+
+def write_processor_files(out_dir: str, image_processor: dict, processor: dict) -> None:
+    """preprocessor_config.json, processor_config.json and the chat template, as transformers writes them."""
     for name, data in (("preprocessor_config.json", image_processor), ("processor_config.json", processor)):
         with open(os.path.join(out_dir, name), "w") as f:
             json.dump(data, f, indent=2)
@@ -102,10 +162,16 @@ def save_processor(out_dir: str, spec: TinyModelSpec, tokenizer) -> None:
 
 def make_tiny_model(out_dir: str, seed: int = 0, spec: TinyModelSpec | None = None,
                     layout: str = "transformers", max_shard_size: str | None = None) -> str:
-    """Writes a random LLaVA checkpoint; layout "llava-hf" rewrites keys as the published checkpoints do."""
+    """Writes a random LlavaForConditionalGeneration checkpoint (other architectures:
+    model/tiny_architectures.py)."""
+    return make_tiny_llava(out_dir, seed, spec or TinyModelSpec(), layout, max_shard_size)
+
+
+def make_tiny_llava(out_dir: str, seed: int, spec: TinyModelSpec, layout: str, max_shard_size: str | None) -> str:
+    """LlavaForConditionalGeneration; layout "llava-hf" rewrites keys as the published checkpoints do."""
+    import torch  # here, not at the top: the CLI imports this module for its choices and stays torch-free
     from transformers import LlavaForConditionalGeneration
 
-    spec = spec or TinyModelSpec()
     os.makedirs(out_dir, exist_ok=True)
     tokenizer = train_tokenizer(spec.vocab_size)
     torch.manual_seed(seed)

@@ -16,7 +16,7 @@ from vlserve.metrics import Metrics
 
 
 class ImageEmbedder:
-    def __init__(self, encode_images: Callable[[torch.Tensor], torch.Tensor], cache: VisionEmbeddingCache,
+    def __init__(self, encode_images: Callable[[list, list, list], list[torch.Tensor]], cache: VisionEmbeddingCache,
                  metrics: Metrics):
         self.encode_images, self.cache, self.metrics = encode_images, cache, metrics
 
@@ -34,8 +34,8 @@ class ImageEmbedder:
                         self.metrics.vision_cache_hits.inc()
         if missing:
             spans = list(missing.values())
-            pixels = torch.from_numpy(np.stack([np.asarray(s.pixel_values) for s in spans]))
-            embeds = self.encode_images(pixels)
+            embeds = self.encode_images([torch.from_numpy(np.array(s.pixel_values)) for s in spans],
+                                        [s.image_size for s in spans], [s.role for s in spans])
             self.metrics.vision_encoder_images.inc(len(spans))
             for span, emb in zip(spans, embeds):
                 found[span.content_hash] = emb

@@ -62,5 +62,9 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         return self.model(batch, self.memory.kv, self.attention)
 
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.model.encode_images(pixel_values.to(self.device))
+    def encode_images(self, pixel_values: list[torch.Tensor], image_sizes: list | None = None,
+                      roles: list[str] | None = None) -> list[torch.Tensor]:
+        """Per image its embeddings; image_sizes (original (height, width)) and roles (image or video
+        frame) matter only to anyres models."""
+        sizes = image_sizes or [None] * len(pixel_values)
+        return self.model.encode_images([p.to(self.device) for p in pixel_values], sizes, roles)

@@ -87,8 +87,9 @@ def _tokenize(engine, prompt: str, body: TokenizeRequest) -> list[int]:
 
 
 def _detokenize(engine, tokens: list[int], skip_special_tokens: bool) -> str:
-    """Text for vocabulary ids; `<image>` for each image's run of pseudo tokens."""
-    vocab, per_image = engine.loaded.config.text.vocab_size, engine.loaded.config.tokens_per_image
+    """Text for vocabulary ids; `<image>` for each image's run of pseudo tokens (one per run where the
+    count depends on the image: adjacent images cannot be told apart from their keys alone)."""
+    vocab, per_image = engine.loaded.config.text.vocab_size, engine.loaded.config.fixed_image_tokens
     parts, i = [], 0
     while i < len(tokens):
         media = tokens[i] >= vocab
@@ -96,7 +97,7 @@ def _detokenize(engine, tokens: list[int], skip_special_tokens: bool) -> str:
         while j < len(tokens) and (tokens[j] >= vocab) == media:
             j += 1
         if media:
-            parts.append("<image>" * max(1, round((j - i) / per_image)))
+            parts.append("<image>" * (max(1, round((j - i) / per_image)) if per_image else 1))
         else:
             parts.append(engine.tokenizer.decode(tokens[i:j], skip_special_tokens=skip_special_tokens))
         i = j

@@ -15,4 +15,13 @@ class ServerArgs(EngineArgs):
                                          "ended with an error")
     enable_metrics: bool = _opt(False, "accepted for SGLang compatibility: /metrics is always on")
     log_level: str = "info"
+    dp_size: int = _opt(1, "data parallelism: this many engine processes behind one HTTP front (a cache-aware "
+                           "router, vlserve/router/)")
+
+    ALIASES = {**EngineArgs.ALIASES, "dp_size": ["--dp", "--data-parallel-size"]}
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.dp_size < 1:
+            raise ValueError(f"--dp-size must be >= 1, got {self.dp_size}")
 

@@ -1,0 +1,31 @@
+"""`vlserve make-tiny-model --arch`: each architecture's tiny random checkpoint writer, in one table.
+
+Importing this module loads neither torch nor transformers (the CLI reads its choices from it).
+"""
+
+from vlserve.model import tiny_anyres
+from vlserve.model.tiny import TinyModelSpec, make_tiny_llava
+
+
+def _anyres(write):
+    def writer(out_dir: str, seed: int, spec: TinyModelSpec, layout: str, max_shard_size: str | None) -> str:
+        if layout != "transformers":
+            raise ValueError(f"layout {layout!r} is only written for --arch llava")
+        return write(out_dir, seed, spec)
+    return writer
+
+
+# --arch → the function writing that architecture's checkpoint
+ARCHITECTURES = {"llava": make_tiny_llava, "llava-next": _anyres(tiny_anyres.make_tiny_llava_next),
+                 "llava-onevision": _anyres(tiny_anyres.make_tiny_llava_onevision),
+                 "llava-next-video": _anyres(tiny_anyres.make_tiny_llava_next_video)}
+# --arch → its usual (text, vision) when the command line names none
+DEFAULT_TEXT_VISION = {"llava-onevision": ("qwen2", "siglip")}
+
+
+def make_tiny_checkpoint(out_dir: str, arch: str = "llava", seed: int = 0, spec: TinyModelSpec | None = None,
+                         layout: str = "transformers", max_shard_size: str | None = None) -> str:
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {arch!r}; use one of {sorted(ARCHITECTURES)}")
+    text, vision = DEFAULT_TEXT_VISION.get(arch, ("llama", "clip"))
+    return ARCHITECTURES[arch](out_dir, seed, spec or TinyModelSpec(text=text, vision=vision), layout, max_shard_size)
