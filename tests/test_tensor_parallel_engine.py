@@ -1,5 +1,6 @@
 """Engine(tp_size=2) on the CPU (gloo, 2 processes) against tp_size=1: the same greedy tokens and
-logits within 1e-4 at every step, for a GQA and an MHA checkpoint, on a batch with a text-only, a
+logits within 1e-4 at every step, for a GQA (Llama) and an MHA (Qwen2, biases) checkpoint and a
+LLaVA-NeXT (anyres) one, on a batch with a text-only, a
 one-image and a two-image request (chunked so images span steps), then a radix-cache hit and a
 vision-cache hit, then the same image after /flush_cache; pixels are sent for new images only; start-up and shutdown leave no process behind; a killed rank ends the running
 request with an error naming it, within seconds, and the engine refuses new work."""
@@ -21,6 +22,7 @@ from vlserve import Engine
 from vlserve.core.errors import EngineBusy
 from vlserve.distributed import step_message, tp_runner
 from vlserve.model.tiny import TinyModelSpec, make_tiny_model
+from vlserve.model.tiny_anyres import make_tiny_llava_next
 
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 ENGINE = {"num_threads": 1, "max_total_tokens": 2048, "chunked_prefill_size": 24}
@@ -33,13 +35,16 @@ def _png(seed: int) -> bytes:
     return buf.getvalue()
 
 
-def _checkpoint(tmp_path_factory, name: str, kv_heads: int, text: str = "llama") -> str:
+def _checkpoint(tmp_path_factory, name: str, kv_heads: int, text: str = "llama", anyres: bool = False) -> str:
     spec = TinyModelSpec(num_heads=4, num_kv_heads=kv_heads, text=text)
-    return make_tiny_model(str(tmp_path_factory.mktemp(name)), seed=5, spec=spec)
+    write = make_tiny_llava_next if anyres else make_tiny_model
+    return write(str(tmp_path_factory.mktemp(name)), seed=5, spec=spec)
 
 
-# GQA: a Llama decoder (no biases); MHA: a Qwen2 decoder (q/k/v biases, none on o)
-@pytest.fixture(scope="module", params=[("gqa", 2, "llama"), ("mha", 4, "qwen2")], ids=["gqa-llama", "mha-qwen2"])
+# GQA: a Llama decoder (no biases); MHA: a Qwen2 decoder (q/k/v biases, none on o); LLaVA-NeXT: anyres
+# images (several views per image, of their own sizes) cross to the workers as the tower takes them
+@pytest.fixture(scope="module", params=[("gqa", 2, "llama"), ("mha", 4, "qwen2"), ("next", 2, "llama", True)],
+                ids=["gqa-llama", "mha-qwen2", "llava-next"])
 def checkpoint(request, tmp_path_factory):
     return _checkpoint(tmp_path_factory, *request.param)
 
