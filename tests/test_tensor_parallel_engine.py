@@ -1,9 +1,10 @@
 """Engine(tp_size=2) on the CPU (gloo, 2 processes) against tp_size=1: the same greedy tokens and
 logits within 1e-4 at every step, for a GQA (Llama) and an MHA (Qwen2, biases) checkpoint and a
-LLaVA-NeXT (anyres) one, on a batch with a text-only, a
-one-image and a two-image request (chunked so images span steps), then a radix-cache hit and a
-vision-cache hit, then the same image after /flush_cache; pixels are sent for new images only; start-up and shutdown leave no process behind; a killed rank ends the running
-request with an error naming it, within seconds, and the engine refuses new work."""
+LLaVA-NeXT (anyres) one, on a batch with a text-only, a one-image and a two-image request (chunked so
+images span steps), then a radix-cache hit and a vision-cache hit, then the same image after
+/flush_cache; pixels are sent for new images only; start-up and shutdown leave no process behind.
+A killed rank ends the running request with an error naming it, within seconds, and the engine
+refuses new work."""
 
 import io
 import os
