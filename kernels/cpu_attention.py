@@ -11,6 +11,7 @@ import hashlib
 import os
 import platform
 import threading
+import time
 import warnings
 
 import torch
@@ -35,10 +36,36 @@ def _extension_name() -> str:
     return "vlserve_cpu_attention_" + hashlib.sha1(flags.encode()).hexdigest()[:10]
 
 
-def _build():
-    from torch.utils.cpp_extension import load
+STALE_LOCK_S = 900  # a build takes about a minute (a few on a loaded machine); a lock this old is orphaned
 
-    load(name=_extension_name(), sources=[_SOURCE], extra_cflags=["-O3", "-march=native"],
+
+def clear_stale_build_lock(build_dir: str, max_age_s: float = STALE_LOCK_S) -> bool:
+    """torch's build lock (`lock` in the build folder) outlives a process killed mid-build, and every
+    later process then waits on it forever. Remove one older than max_age_s; True if removed."""
+    lock = os.path.join(build_dir, "lock")
+    try:
+        age = time.time() - os.path.getmtime(lock)
+    except OSError:
+        return False
+    if age < max_age_s:
+        return False
+    warnings.warn(f"vlserve: removing a stale build lock ({lock}, {age / 60:.0f} min old) left by a process "
+                  "killed while building the CPU attention kernel", RuntimeWarning, stacklevel=2)
+    try:
+        os.remove(lock)
+    except FileNotFoundError:
+        pass
+    return True
+
+
+def _build():
+    from torch.utils import cpp_extension
+
+    name = _extension_name()
+    if hasattr(cpp_extension, "_get_build_directory"):  # torch's own folder rule (private, so checked)
+        clear_stale_build_lock(cpp_extension._get_build_directory(name, verbose=False))
+    load = cpp_extension.load
+    load(name=name, sources=[_SOURCE], extra_cflags=["-O3", "-march=native"],
          is_python_module=False, verbose=False)
     return torch.ops.vlserve_cpu.paged_attention
 

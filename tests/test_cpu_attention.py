@@ -136,3 +136,24 @@ def test_the_op_checks_shapes_itself():
     with pytest.raises(RuntimeError, match="multiple of num_kv_heads"):
         op(q3, batch.k_buffer, batch.v_buffer, torch.empty_like(q3), batch.req_to_token,
            batch.req_pool_indices, batch.seq_lens, batch.extend_lens, batch.qo_start_loc, batch.sm_scale)
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    """A process killed mid-build leaves torch's `lock` behind, on which every later build would wait
+    forever; an old one is removed (with a warning), a recent one (a build in progress) is kept."""
+    import os
+    import time as clock
+    import warnings as w
+
+    from vlserve.kernels.cpu_attention import STALE_LOCK_S, clear_stale_build_lock
+
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    assert not clear_stale_build_lock(str(tmp_path)) and lock.exists()
+    old = clock.time() - STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    with w.catch_warnings(record=True) as caught:
+        w.simplefilter("always")
+        assert clear_stale_build_lock(str(tmp_path))
+    assert not lock.exists() and any("stale build lock" in str(c.message) for c in caught)
+    assert not clear_stale_build_lock(str(tmp_path))  # nothing there: nothing to do
