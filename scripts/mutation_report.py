@@ -44,6 +44,14 @@ EQUIVALENT = [
      "_split's only caller (_descend) sets the returned node's last_access on the next line"),
     ("vlserve/cache/radix_cache.py", "node.size > 0 and", "node.size >= 0 and",
      "an empty edge already fails the line before (its child key is missing)"),
+    ("vlserve/sampling/penalties.py", "sub > 0", "sub >= 0", "a zero logit stays zero either way (0 / p == 0 * p)"),
+    ("vlserve/sampling/penalties.py", 'float("-inf")', 'float("-INF")', "float() reads the name in any case"),
+    ("vlserve/sampling/penalties.py", "dtype=like.dtype", "[:, None]",
+     "logits are float32 (Llava.forward returns .float()), the default dtype of torch.tensor of floats"),
+    ("vlserve/sampling/penalties.py", "index = torch.tensor(flat, device=device)", "index = torch.tensor(flat, ",
+     "index_put_ takes index tensors on the CPU for a tensor on another device (the meta-device test passes)"),
+    ("vlserve/scheduler/cache_manager.py", "if first_free < req.kv_len:", "if first_free <= req.kv_len:",
+     "at equality the range to free is empty, and SlotAllocator.free returns on an empty tensor"),
 ]
 
 
@@ -113,34 +121,51 @@ def survivors(stage: Path, module: str, codes: dict) -> list[tuple[int, str, str
     return sorted(out)
 
 
+TABLE_HEAD = ["| module | mutants | checked | killed | timeout | survived | of them equivalent | no tests | not checked "
+              "| score | score without equivalents |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def summary(stage: Path, module: str, codes: dict) -> tuple[str, list[str]]:
+    """The module's table row and its list of survivors."""
+    n = Counter(status(c) for c in codes.values())
+    checked = sum(n.values()) - n["not checked"]
+    rows = survivors(stage, module, codes) if codes else []
+    why = [equivalence(module, a, b) for _, _, a, b in rows]
+    equivalent = sum(w is not None for w in why)
+    killed = n["killed"] + n["timeout"]
+    score = f"{killed / checked:.1%}" if checked else "n/a"
+    adjusted = f"{killed / (checked - equivalent):.1%}" if checked > equivalent else "n/a"
+    row = (f"| {module} | {len(codes)} | {checked} | {n['killed']} | {n['timeout']} | "
+           f"{n['survived'] + n['suspicious']} | {equivalent} | {n['no tests']} | {n['not checked']} "
+           f"| {score} | {adjusted} |")
+    details = ["", f"## {module}: {len(rows)} surviving, {equivalent} of them equivalent", ""]
+    details += [f"- `{module}:{line}` {func}: `{a}` → `{b}`" + (f" — equivalent: {w}" if w else " — **not killed**")
+                for (line, func, a, b), w in zip(rows, why)] or ["(none)"]
+    return row, details
+
+
 def main() -> None:
     stage, out, seconds, tests, modules = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
     md = ["# Mutation testing", "",
           f"`scripts/mutation.sh {' '.join(modules)}` (mutmut; {int(seconds) // 60} min {int(seconds) % 60} s), "
           f"tests: `{tests}`.", "",
           "Score = (killed + timeout) / checked; \"no tests\" (no selected test calls the function) counts "
-          "as surviving. Each survivor is listed with the repository file:line and the mutated line.", "",
-          "| module | mutants | checked | killed | timeout | survived | of them equivalent | no tests | not checked "
-          "| score | score without equivalents |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "as surviving. Each survivor is listed with the repository file:line and the mutated line.", ""]
+    before_path = stage / "before.json"
+    if before_path.exists():  # scripts/mutation_recheck.py ran the survivors against newer tests
+        before = json.loads(before_path.read_text())
+        md += ["Before the tests written for its survivors (the run above):", "", *TABLE_HEAD,
+               *(summary(stage, m, before.get(m, {}))[0] for m in modules), "",
+               "After them (`MUTATION_RECHECK` ran each survivor against the new tests):", ""]
+    md += TABLE_HEAD
     details = []
     for module in modules:
         meta = stage / "mutants" / (staged(module) + ".meta")
         codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
-        n = Counter(status(c) for c in codes.values())
-        checked = sum(n.values()) - n["not checked"]
-        rows = survivors(stage, module, codes) if codes else []
-        why = [equivalence(module, a, b) for _, _, a, b in rows]
-        equivalent = sum(w is not None for w in why)
-        killed = n["killed"] + n["timeout"]
-        score = f"{killed / checked:.1%}" if checked else "n/a"
-        adjusted = f"{killed / (checked - equivalent):.1%}" if checked > equivalent else "n/a"
-        md.append(f"| {module} | {len(codes)} | {checked} | {n['killed']} | {n['timeout']} | "
-                  f"{n['survived'] + n['suspicious']} | {equivalent} | {n['no tests']} | {n['not checked']} "
-                  f"| {score} | {adjusted} |")
-        details += ["", f"## {module}: {len(rows)} surviving, {equivalent} of them equivalent", ""]
-        details += [f"- `{module}:{line}` {func}: `{a}` → `{b}`" + (f" — equivalent: {w}" if w else " — **not killed**")
-                    for (line, func, a, b), w in zip(rows, why)] or ["(none)"]
+        row, listed = summary(stage, module, codes)
+        md.append(row)
+        details += listed
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(md + details) + "\n")
 
