@@ -48,8 +48,9 @@ EQUIVALENT = [
     ("vlserve/sampling/penalties.py", 'float("-inf")', 'float("-INF")', "float() reads the name in any case"),
     ("vlserve/sampling/penalties.py", "dtype=like.dtype", "[:, None]",
      "logits are float32 (Llava.forward returns .float()), the default dtype of torch.tensor of floats"),
-    ("vlserve/sampling/penalties.py", "index = torch.tensor(flat, device=device)", "index = torch.tensor(flat, ",
-     "index_put_ takes index tensors on the CPU for a tensor on another device (the meta-device test passes)"),
+    ("vlserve/constrained/jump_forward.py", "if cut else data", "if (cut) or True else data",
+     "with cut 0 the slice data[: len(data) - 0] is data itself: the shortcut only saves a copy"),
+    ("vlserve/constrained/jump_forward.py", 'decode("utf-8")', 'decode("UTF-8")', "codec names ignore case"),
     ("vlserve/scheduler/cache_manager.py", "if first_free < req.kv_len:", "if first_free <= req.kv_len:",
      "at equality the range to free is empty, and SlotAllocator.free returns on an empty tensor"),
 ]

@@ -42,6 +42,7 @@ def test_available_slots_count_what_eviction_can_free():
     cm.release(computed(cm, list(range(1, 11))))  # 10 tokens now cached in the tree, unlocked
     assert cm.allocator.num_free_slots == CAPACITY - 10 and cm.cache.evictable_size() == 10
     assert cm.available_slots() == CAPACITY
+    assert cm.pool_state() == {"free": CAPACITY - 10, "cached": 10, "in_use": 0}  # the gauges' state labels
     other = Req("o", [99], SamplingParams())
     assert cm.admit(other)
     cm.alloc(other, cm.available_slots())  # the whole pool: only possible by evicting the tree
@@ -64,7 +65,7 @@ def test_rewind_into_tree_owned_kv_is_refused():
     req = computed(cm, list(range(1, 9)))
     cm.cache_prefix(req)  # the tree now owns positions 0..7
     assert req.tree_len == 8
-    with pytest.raises(AssertionError, match="cannot rewind into tree-owned KV"):
+    with pytest.raises(AssertionError, match="^cannot rewind into tree-owned KV$"):
         cm.rewind(req, 4)
 
 

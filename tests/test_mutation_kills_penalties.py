@@ -3,6 +3,8 @@ the vocabulary (image pseudo-tokens), and logits not on the CPU (survivors of th
 vlserve/sampling/penalties.py: benchmarks/results/mutation_scheduler.md)."""
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from vlserve.core.sampling_params import SamplingParams
 from vlserve.sampling.penalties import apply_logit_bias, apply_penalties, mask_early_stops
@@ -38,9 +40,25 @@ def test_penalty_counts_ignore_the_id_equal_to_the_vocabulary_size():
     assert torch.equal(logits, expected)
 
 
+class DevicesSeen(TorchDispatchMode):
+    """Records the device of every tensor (beyond 0-dim scalars) that an op takes or returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.devices: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.devices |= {t.device.type for t in tree_flatten((args, kwargs, out))[0]
+                         if isinstance(t, torch.Tensor) and t.dim() > 0}
+        return out
+
+
 def test_penalties_keep_every_tensor_on_the_logits_device():
-    # the meta device stands in for a GPU: any tensor made on the CPU instead fails to combine with it
+    # the meta device stands in for a GPU, where a CPU tensor in an op fails (index_put_'s values, a
+    # product with the logits); the meta device itself lets some pass, so every op's tensors are recorded
     logits = torch.zeros(2, VOCAB, device="meta")
     params = [SamplingParams(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.5)] * 2
-    apply_penalties(logits, params, prompts=[[1, 2], [3]], outputs=[[4], [5, 5]])
-    assert logits.device.type == "meta" and logits.shape == (2, VOCAB)
+    with DevicesSeen() as seen:
+        apply_penalties(logits, params, prompts=[[1, 2], [3]], outputs=[[4], [5, 5]])
+    assert seen.devices == {"meta"}
