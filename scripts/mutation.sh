@@ -13,6 +13,11 @@
 #   MUTATION_RECHECK  test paths written since the run: the previous run's staging folder is kept, each
 #                     of its surviving mutants runs these tests, and the report shows the score before
 #                     (the run's) and after (scripts/mutation_recheck.py). Same modules and MUTATION_DIR.
+#                     With MUTATION_RECHECK_UNREACHED=1 the mutants the run did not reach run its tests and
+#                     the new ones (slow: the whole selection per mutant).
+# To carry on a run that stopped at its budget: cd MUTATION_DIR and `mutmut run NAME...` with the names of
+# the mutants not checked yet (their exit code is null in mutants/**/*.py.meta), then write the report
+# with scripts/mutation_report.py (benchmarks/results/mutation_admission.md did so).
 #
 # Why a staging folder: kernels/ and preprocess/ install as vlserve.kernels and vlserve.preprocess
 # (pyproject's package-dir), so mutmut, which mutates a copy and puts it first on sys.path, must see

@@ -51,6 +51,8 @@ EQUIVALENT = [
     ("vlserve/constrained/jump_forward.py", "if cut else data", "if (cut) or True else data",
      "with cut 0 the slice data[: len(data) - 0] is data itself: the shortcut only saves a copy"),
     ("vlserve/constrained/jump_forward.py", 'decode("utf-8")', 'decode("UTF-8")', "codec names ignore case"),
+    ("vlserve/scheduler/cache_manager.py", "req.req_row, req.tree_len, req.kv_len", "req.req_row, None, req.kv_len",
+     "with the cache disabled tree_len is always 0 (nothing matches, cache_prefix returns at once): None slices the same"),
     ("vlserve/scheduler/cache_manager.py", "if first_free < req.kv_len:", "if first_free <= req.kv_len:",
      "at equality the range to free is empty, and SlotAllocator.free returns on an empty tensor"),
 ]
@@ -110,13 +112,14 @@ def survivors(stage: Path, module: str, codes: dict) -> list[tuple[int, str, str
             continue
         func, mangled = function_of(key)
         name = key.rsplit(".", 1)[1]
-        # bodies without the `def` line, whose name differs in every mutant
-        orig, mut = body(mutated, spans[f"{mangled}__mutmut_orig"])[1:], body(mutated, spans[name])[1:]
+        # the name in the `def` line differs in every mutant; a mutated default value is in that line
+        orig = [t.replace(f"{mangled}__mutmut_orig(", "f(") for t in body(mutated, spans[f"{mangled}__mutmut_orig"])]
+        mut = [t.replace(f"{name}(", "f(") for t in body(mutated, spans[name])]
         diff = [op for op in difflib.SequenceMatcher(a=orig, b=mut).get_opcodes() if op[0] != "equal"]
         if not diff:
             continue
         _, i1, i2, j1, j2 = diff[0]
-        line = defs.get(func, 0) + 1 + i1
+        line = defs.get(func, 0) + i1
         out.append((line, f"{func} ({status(code)})", " / ".join(s.strip() for s in orig[i1:i2]),
                     " / ".join(s.strip() for s in mut[j1:j2])))
     return sorted(out)

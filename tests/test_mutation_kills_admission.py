@@ -99,3 +99,9 @@ def test_no_shared_prefix_deferral_without_a_cache_or_without_a_threshold():
         assert [p.req.rid for p in planned] == ["a", "b"]
     deferring = admission(manager(), prefix_share_threshold=4).admit(two(), [], token_budget=64)
     assert [p.req.rid for p in deferring] == ["a"]
+
+
+def test_the_radix_cache_is_on_unless_disabled():
+    memory = KVMemory.create(KVShape(1, 1, 4, torch.float32), MemoryConfig(
+        max_total_tokens=CAPACITY, page_size=1, max_running_requests=1, context_length=CAPACITY))
+    assert not CacheManager(memory).cache.disabled

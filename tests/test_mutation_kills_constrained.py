@@ -8,7 +8,8 @@ import pytest
 from constrained_helpers import train_tokenizer
 
 from vlserve.constrained import ConstraintCompiler, ConstraintState
-from vlserve.constrained.jump_forward import RETOKENIZE_WINDOW, _complete_utf8_prefix, _window_start
+from vlserve.constrained.jump_forward import (RETOKENIZE_WINDOW, _complete_utf8_prefix, _encode_exact, _spells,
+                                             _window_start)
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +61,32 @@ def test_the_retokenised_window_starts_on_a_character_boundary(back, tokens, sta
 ])
 def test_at_most_an_incomplete_last_character_is_cut(data, prefix):
     assert _complete_utf8_prefix(data) == prefix
+
+
+BYTES = [bytes([i]) for i in range(256)] + [None, b"\n{"]  # id i < 256 spells byte i; 256 is BOS; 257 "\n{"
+BOS = 256
+
+
+class BosAddingTokenizer:
+    """Bytes as ids; adds BOS unless add_special_tokens=False (as Llama's does); "\n{" is one token."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        data, ids, i = text.encode(), [], 0
+        while i < len(data):
+            merged = data[i:i + 2] == b"\n{"
+            ids.append(257 if merged else data[i])
+            i += 2 if merged else 1
+        return ([BOS] if add_special_tokens else []) + ids
+
+
+def test_spells_needs_every_id_known_and_the_exact_bytes():
+    assert _spells([104, 105], BYTES, b"hi")
+    assert not _spells([104, 106], BYTES, b"hi")
+    assert not _spells([BOS, 104, 105], BYTES, b"hi")  # a special token spells nothing
+    assert not _spells([104, len(BYTES)], BYTES, b"h")  # ids past the table
+    assert not _spells([104, len(BYTES) + 5], BYTES, b"h")
+
+
+def test_retokenisation_encodes_without_special_tokens():
+    # with BOS added the ids would not spell the text, and the newline anchor cannot help here
+    assert _encode_exact(BosAddingTokenizer(), BYTES, b'{"a"') == list(b'{"a"')

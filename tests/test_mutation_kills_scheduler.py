@@ -4,6 +4,8 @@ budgets, retraction, the context and pool guards, timeouts, shutdown, failures, 
 the mutation run on vlserve/scheduler/scheduler.py: benchmarks/results/mutation_scheduler_loop.md)."""
 
 import dataclasses
+import logging
+import types
 
 import torch
 
@@ -14,6 +16,7 @@ from vlserve.core.sampling_params import SamplingParams
 from vlserve.core.step import SampledToken, StepResult
 from vlserve.memory.pools import KVMemory, KVShape
 from vlserve.metrics import Metrics
+from vlserve.scheduler import scheduler as scheduler_module
 from vlserve.scheduler.finish import FinishChecker
 from vlserve.scheduler.scheduler import Scheduler
 
@@ -141,6 +144,16 @@ def test_a_request_past_the_timeout_is_aborted_with_504():
     assert new.finish_reason is None and new in s.running
 
 
+def test_the_timeout_ends_only_requests_older_than_it(monkeypatch):
+    monkeypatch.setattr(scheduler_module, "time", types.SimpleNamespace(monotonic=lambda: 1000.0))
+    s = scheduler(request_timeout=30.0)
+    exactly, _ = submit(s, "exactly", 5)
+    older, _ = submit(s, "older", 5, first_id=300)
+    exactly.arrival_time, older.arrival_time = 970.0, 969.5
+    s.schedule()
+    assert older.finish_reason == "abort" and exactly.finish_reason is None
+
+
 def test_end_all_ends_every_queued_request_with_the_status():
     s = scheduler(max_running_requests=1)
     running, r_out = submit(s, "r", 5)
@@ -154,22 +167,33 @@ def test_end_all_ends_every_queued_request_with_the_status():
     assert gauges(s)["waiting"] == 0 and gauges(s)["running"] == 0
 
 
-def test_a_failed_forward_frees_its_slots_and_fails_its_requests():
+def logged_error(caplog, message: str, error: Exception) -> bool:
+    return any(r.levelno == logging.ERROR and r.getMessage() == message and r.exc_info and r.exc_info[1] is error
+               for r in caplog.records)
+
+
+def test_a_failed_forward_frees_its_slots_and_fails_its_requests(caplog):
     s = scheduler()
     req, outputs = submit(s, "a", 6)
     plan = s.schedule()
-    s.fail(plan, RuntimeError("boom"))
+    boom = RuntimeError("boom")
+    with caplog.at_level(logging.ERROR, logger="vlserve.scheduler.scheduler"):
+        s.fail(plan, boom)
+    assert logged_error(caplog, "forward failed", boom)  # with its traceback
     assert req.finish_reason == "error" and outputs[-1].error == "internal error: boom"
     assert_idle(s)
     assert s.cm.allocator.num_free_slots + s.cm.cache.total_size() == s.cm.capacity
 
 
-def test_fail_all_ends_waiting_and_running_requests():
+def test_fail_all_ends_waiting_and_running_requests(caplog):
     s = scheduler(max_running_requests=1)
     a, a_out = submit(s, "a", 5)
     b, b_out = submit(s, "b", 5, first_id=300)
     step(s)
-    s.fail_all(ValueError("bad state"))
+    bad = ValueError("bad state")
+    with caplog.at_level(logging.ERROR, logger="vlserve.scheduler.scheduler"):
+        s.fail_all(bad)
+    assert logged_error(caplog, "scheduling step failed", bad)
     assert a_out[-1].error == b_out[-1].error == "internal error: bad state"
     assert a.finish_reason == b.finish_reason == "error"
     assert_idle(s)
