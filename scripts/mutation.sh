@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Mutation testing with mutmut, bounded in time: which deliberate bugs in the given modules pass
-# every selected test. Writes benchmarks/results/mutation.md (score, survivors with file:line and the
-# mutation).
+# every selected test. Writes a report (score, survivors with file:line and the mutation).
 #
 #   scripts/mutation.sh vlserve/cache/radix_cache.py vlserve/sampling/sampler.py preprocess/hashing.py
 #
@@ -10,6 +9,15 @@
 #   MUTATION_JOBS     parallel mutants (default 2)
 #   MUTATION_TESTS    pytest paths to run (default: per module, see tests_for below)
 #   MUTATION_DIR      staging folder (default /tmp/vlserve-mutation; wiped first)
+#   MUTATION_REPORT   the report to write (default benchmarks/results/mutation.md)
+#   MUTATION_RECHECK  test paths written since the run: the previous run's staging folder is kept, each
+#                     of its surviving mutants runs these tests, and the report shows the score before
+#                     (the run's) and after (scripts/mutation_recheck.py). Same modules and MUTATION_DIR.
+#                     With MUTATION_RECHECK_UNREACHED=1 the mutants the run did not reach run its tests and
+#                     the new ones (slow: the whole selection per mutant).
+# To carry on a run that stopped at its budget: cd MUTATION_DIR and `mutmut run NAME...` with the names of
+# the mutants not checked yet (their exit code is null in mutants/**/*.py.meta), then write the report
+# with scripts/mutation_report.py (benchmarks/results/mutation_admission.md did so).
 #
 # Why a staging folder: kernels/ and preprocess/ install as vlserve.kernels and vlserve.preprocess
 # (pyproject's package-dir), so mutmut, which mutates a copy and puts it first on sys.path, must see
@@ -23,7 +31,8 @@ case "$PY" in /*) ;; *) PY=$ROOT/$PY ;; esac
 MINUTES=${MUTATION_MINUTES:-10}
 JOBS=${MUTATION_JOBS:-2}
 STAGE=${MUTATION_DIR:-/tmp/vlserve-mutation}
-REPORT=$ROOT/benchmarks/results/mutation.md
+REPORT=${MUTATION_REPORT:-benchmarks/results/mutation.md}
+case "$REPORT" in /*) ;; *) REPORT=$ROOT/$REPORT ;; esac
 [ $# -gt 0 ] || { echo "usage: scripts/mutation.sh MODULE.py..." >&2; exit 2; }
 "$PY" -c "import mutmut" 2>/dev/null || { echo "mutmut is missing: scripts/run.sh setup (dev extra)" >&2; exit 2; }
 
@@ -42,6 +51,16 @@ tests_for() {  # the tests that exercise a module (a mutant runs only those of t
     *) grep -l "$(echo "${1%.py}" | sed 's#^preprocess/#vlserve/preprocess/#; s#^kernels/#vlserve/kernels/#; s#/#.#g')" tests/test_*.py ;;
   esac
 }
+
+if [ -n "${MUTATION_RECHECK:-}" ]; then
+  [ -f "$STAGE/pyproject.toml" ] || { echo "no previous run in $STAGE to recheck" >&2; exit 2; }
+  rm -rf "$STAGE/tests" && cp -r tests "$STAGE/"  # the new tests; the mutated code stays as it was
+  read -r -a recheck <<< "$MUTATION_RECHECK"
+  "$PY" scripts/mutation_recheck.py "$STAGE" "${recheck[*]}" "$@"
+  "$PY" scripts/mutation_report.py "$STAGE" "$REPORT" "$(cat "$STAGE/seconds")" "$(cat "$STAGE/tests.txt")" "$@"
+  echo "wrote $REPORT" >&2
+  exit 0
+fi
 
 rm -rf "$STAGE" && mkdir -p "$STAGE"
 cp -r vlserve tests "$STAGE/"
@@ -78,5 +97,7 @@ start=$(date +%s)
 # SIGINT lets mutmut stop its workers and keep every verdict so far; KILL 60 s later if it hangs.
 (cd "$STAGE" && timeout -s INT -k 60 "$((MINUTES * 60))" "$PY" -m mutmut run --max-children "$JOBS" \
    > "$STAGE/mutmut-run.log" 2>&1) || echo "mutmut stopped (exit $?): see $STAGE/mutmut-run.log" >&2
-"$PY" scripts/mutation_report.py "$STAGE" "$REPORT" "$(( $(date +%s) - start ))" "${tests[*]}" "$@"
+echo "$(( $(date +%s) - start ))" > "$STAGE/seconds"
+echo "${tests[*]}" > "$STAGE/tests.txt"
+"$PY" scripts/mutation_report.py "$STAGE" "$REPORT" "$(cat "$STAGE/seconds")" "${tests[*]}" "$@"
 echo "wrote $REPORT" >&2

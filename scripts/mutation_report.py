@@ -44,6 +44,17 @@ EQUIVALENT = [
      "_split's only caller (_descend) sets the returned node's last_access on the next line"),
     ("vlserve/cache/radix_cache.py", "node.size > 0 and", "node.size >= 0 and",
      "an empty edge already fails the line before (its child key is missing)"),
+    ("vlserve/sampling/penalties.py", "sub > 0", "sub >= 0", "a zero logit stays zero either way (0 / p == 0 * p)"),
+    ("vlserve/sampling/penalties.py", 'float("-inf")', 'float("-INF")', "float() reads the name in any case"),
+    ("vlserve/sampling/penalties.py", "dtype=like.dtype", "[:, None]",
+     "logits are float32 (Llava.forward returns .float()), the default dtype of torch.tensor of floats"),
+    ("vlserve/constrained/jump_forward.py", "if cut else data", "if (cut) or True else data",
+     "with cut 0 the slice data[: len(data) - 0] is data itself: the shortcut only saves a copy"),
+    ("vlserve/constrained/jump_forward.py", 'decode("utf-8")', 'decode("UTF-8")', "codec names ignore case"),
+    ("vlserve/scheduler/cache_manager.py", "req.req_row, req.tree_len, req.kv_len", "req.req_row, None, req.kv_len",
+     "with the cache disabled tree_len is always 0 (nothing matches, cache_prefix returns at once): None slices the same"),
+    ("vlserve/scheduler/cache_manager.py", "if first_free < req.kv_len:", "if first_free <= req.kv_len:",
+     "at equality the range to free is empty, and SlotAllocator.free returns on an empty tensor"),
 ]
 
 
@@ -101,16 +112,41 @@ def survivors(stage: Path, module: str, codes: dict) -> list[tuple[int, str, str
             continue
         func, mangled = function_of(key)
         name = key.rsplit(".", 1)[1]
-        # bodies without the `def` line, whose name differs in every mutant
-        orig, mut = body(mutated, spans[f"{mangled}__mutmut_orig"])[1:], body(mutated, spans[name])[1:]
+        # the name in the `def` line differs in every mutant; a mutated default value is in that line
+        orig = [t.replace(f"{mangled}__mutmut_orig(", "f(") for t in body(mutated, spans[f"{mangled}__mutmut_orig"])]
+        mut = [t.replace(f"{name}(", "f(") for t in body(mutated, spans[name])]
         diff = [op for op in difflib.SequenceMatcher(a=orig, b=mut).get_opcodes() if op[0] != "equal"]
         if not diff:
             continue
         _, i1, i2, j1, j2 = diff[0]
-        line = defs.get(func, 0) + 1 + i1
+        line = defs.get(func, 0) + i1
         out.append((line, f"{func} ({status(code)})", " / ".join(s.strip() for s in orig[i1:i2]),
                     " / ".join(s.strip() for s in mut[j1:j2])))
     return sorted(out)
+
+
+TABLE_HEAD = ["| module | mutants | checked | killed | timeout | survived | of them equivalent | no tests | not checked "
+              "| score | score without equivalents |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def summary(stage: Path, module: str, codes: dict) -> tuple[str, list[str]]:
+    """The module's table row and its list of survivors."""
+    n = Counter(status(c) for c in codes.values())
+    checked = sum(n.values()) - n["not checked"]
+    rows = survivors(stage, module, codes) if codes else []
+    why = [equivalence(module, a, b) for _, _, a, b in rows]
+    equivalent = sum(w is not None for w in why)
+    killed = n["killed"] + n["timeout"]
+    score = f"{killed / checked:.1%}" if checked else "n/a"
+    adjusted = f"{killed / (checked - equivalent):.1%}" if checked > equivalent else "n/a"
+    row = (f"| {module} | {len(codes)} | {checked} | {n['killed']} | {n['timeout']} | "
+           f"{n['survived'] + n['suspicious']} | {equivalent} | {n['no tests']} | {n['not checked']} "
+           f"| {score} | {adjusted} |")
+    details = ["", f"## {module}: {len(rows)} surviving, {equivalent} of them equivalent", ""]
+    details += [f"- `{module}:{line}` {func}: `{a}` → `{b}`" + (f" — equivalent: {w}" if w else " — **not killed**")
+                for (line, func, a, b), w in zip(rows, why)] or ["(none)"]
+    return row, details
 
 
 def main() -> None:
@@ -119,28 +155,21 @@ def main() -> None:
           f"`scripts/mutation.sh {' '.join(modules)}` (mutmut; {int(seconds) // 60} min {int(seconds) % 60} s), "
           f"tests: `{tests}`.", "",
           "Score = (killed + timeout) / checked; \"no tests\" (no selected test calls the function) counts "
-          "as surviving. Each survivor is listed with the repository file:line and the mutated line.", "",
-          "| module | mutants | checked | killed | timeout | survived | of them equivalent | no tests | not checked "
-          "| score | score without equivalents |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "as surviving. Each survivor is listed with the repository file:line and the mutated line.", ""]
+    before_path = stage / "before.json"
+    if before_path.exists():  # scripts/mutation_recheck.py ran the survivors against newer tests
+        before = json.loads(before_path.read_text())
+        md += ["Before the tests written for its survivors (the run above):", "", *TABLE_HEAD,
+               *(summary(stage, m, before.get(m, {}))[0] for m in modules), "",
+               "After them (`MUTATION_RECHECK` ran each survivor against the new tests):", ""]
+    md += TABLE_HEAD
     details = []
     for module in modules:
         meta = stage / "mutants" / (staged(module) + ".meta")
         codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
-        n = Counter(status(c) for c in codes.values())
-        checked = sum(n.values()) - n["not checked"]
-        rows = survivors(stage, module, codes) if codes else []
-        why = [equivalence(module, a, b) for _, _, a, b in rows]
-        equivalent = sum(w is not None for w in why)
-        killed = n["killed"] + n["timeout"]
-        score = f"{killed / checked:.1%}" if checked else "n/a"
-        adjusted = f"{killed / (checked - equivalent):.1%}" if checked > equivalent else "n/a"
-        md.append(f"| {module} | {len(codes)} | {checked} | {n['killed']} | {n['timeout']} | "
-                  f"{n['survived'] + n['suspicious']} | {equivalent} | {n['no tests']} | {n['not checked']} "
-                  f"| {score} | {adjusted} |")
-        details += ["", f"## {module}: {len(rows)} surviving, {equivalent} of them equivalent", ""]
-        details += [f"- `{module}:{line}` {func}: `{a}` → `{b}`" + (f" — equivalent: {w}" if w else " — **not killed**")
-                    for (line, func, a, b), w in zip(rows, why)] or ["(none)"]
+        row, listed = summary(stage, module, codes)
+        md.append(row)
+        details += listed
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(md + details) + "\n")
 
