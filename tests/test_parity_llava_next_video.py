@@ -56,6 +56,7 @@ def _inputs(hf, checkpoint, prompt, images, video):
 REQUESTS = [
     ("USER: say something. ASSISTANT:", [], False),
     ("USER: <image>\nWhat is in the picture? ASSISTANT:", [(480, 640)], False),
+    ("USER: <image>\n<image>\nwhich is wider? ASSISTANT:", [(100, 37), (48, 64)], False),
     ("USER: <video>\nWhat happens? ASSISTANT:", [], True),
     ("USER: <image>\n<video>\nthe picture, then the video? ASSISTANT:", [(70, 20)], True),
 ]
