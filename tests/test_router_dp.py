@@ -13,7 +13,7 @@ import time
 import httpx
 
 from router_helpers import child_pids, group_requests
-from server_helpers import tiny_model_dir
+from server_helpers import tiny_model_dir, wait_healthy
 
 
 def _free_port() -> int:
@@ -27,19 +27,6 @@ def _start_front(port: int) -> subprocess.Popen:
                              "--port", str(port), "--max-total-tokens", "4096", "--num-threads", "1",
                              "--shutdown-timeout", "5", "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str) -> None:
-    end = time.monotonic() + 240
-    while time.monotonic() < end:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError("the --dp-size front did not become healthy")
 
 
 def _pid_serving(port: int, pids: set[int]) -> int:
@@ -82,7 +69,7 @@ def test_dp_size_2_serves_survives_a_killed_engine_and_stops_clean():
     url = f"http://127.0.0.1:{port}"
     front = _start_front(port)
     try:
-        _wait_healthy(front, url)
+        wait_healthy(front, url)
         engines = child_pids(front.pid)
         workers = httpx.get(url + "/workers").json()
         assert len(workers) == 2 and all(w["healthy"] for w in workers)
@@ -105,7 +92,9 @@ def test_dp_size_2_serves_survives_a_killed_engine_and_stops_clean():
 
         front.send_signal(signal.SIGTERM)
         assert front.wait(timeout=60) == 0, front.stdout.read()
-        time.sleep(0.5)
+        end = time.monotonic() + 30  # the front has returned; its children are on their way out
+        while [pid for pid in engines if _alive(pid)] and time.monotonic() < end:
+            time.sleep(0.1)
         assert not [pid for pid in engines if _alive(pid)]
     finally:
         if front.poll() is None:
