@@ -55,6 +55,27 @@ EQUIVALENT = [
      "with the cache disabled tree_len is always 0 (nothing matches, cache_prefix returns at once): None slices the same"),
     ("vlserve/scheduler/cache_manager.py", "if first_free < req.kv_len:", "if first_free <= req.kv_len:",
      "at equality the range to free is empty, and SlotAllocator.free returns on an empty tensor"),
+    ("vlserve/scheduler/cache_manager.py", "if short > 0:", "if short >= 0:",
+     "evict(0) evicts nothing: its loop runs while freed < num_tokens"),
+    # alloc's `last` (the slot of position kv_len-1) is read by alloc_extend only to fill a partly used last
+    # page (head > 0): with page_size 1, on a page boundary or at kv_len 0 it is ignored, whatever it holds
+    ("vlserve/scheduler/cache_manager.py", "req.kv_len % self.page_size", "req.kv_len / self.page_size",
+     "truthy also on page boundaries (and falsy at 0 as before), where alloc_extend ignores `last`"),
+    ("vlserve/scheduler/cache_manager.py", "self.page_size > 1 and", "self.page_size > 1 or",
+     "`last` is then read for page_size 1 and on page boundaries too, where alloc_extend ignores it "
+     "(row[kv_len - 1] is a valid index even at kv_len 0)"),
+    ("vlserve/scheduler/cache_manager.py", "self.page_size > 1 and", "self.page_size >= 1 and",
+     "with page_size 1, kv_len % 1 is 0: partial_page stays falsy"),
+    ("vlserve/scheduler/cache_manager.py", "if partial_page else", "if (partial_page) or True else",
+     "`last` is then read when no page is partly used, where alloc_extend ignores it"),
+    ("vlserve/scheduler/cache_manager.py", "else -1", "else +1",
+     "the placeholder for no partly used page, which alloc_extend never reads"),
+    ("vlserve/scheduler/cache_manager.py", "else -1", "else -2",
+     "the placeholder for no partly used page, which alloc_extend never reads"),
+    ("vlserve/scheduler/cache_manager.py", "self.rows.read(req.req_row, 0, aligned)",
+     "self.rows.read(req.req_row, None, aligned)", "a slice from None starts at 0"),
+    ("vlserve/scheduler/prefill.py", 'raise OutOfSlots(f"need {need} slots")', "raise OutOfSlots(None)",
+     "caught by the `except OutOfSlots` around it, which never reads the message"),
 ]
 
 
