@@ -157,7 +157,7 @@ def issue_cases() -> list[Item]:
         Item([paint(triangle)], "How many shapes are in this picture?", "count", says_number(1), "centred triangle"),
         Item([paint(pair)], "How many shapes are there in the image?", "count", says_number(2), "side by side"),
         Item([paint(big)], "Describe this picture.", "caption", lists_figures(big), "one large circle"),
-        Item([paint(big)], "How many circles do you see?", "count", says_number(1), "one large circle"),
+        Item([paint(big)], "How many circles do you see?", "count", says_number(1)),  # not in the issue
         Item([paint(pair)], "Is the blue circle on the left or right side?", "position", says_place("right", None),
              "side by side"),
     ]
