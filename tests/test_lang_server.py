@@ -47,8 +47,8 @@ def test_fork_commits_image_and_prefix_once_before_any_branch(served):
         assert result["meta_info"]["cached_tokens"] >= prefix_tokens - engine.args.page_size
     assert metric(server.url, "vlserve_vision_encoder_images_total") - vision_before == 1
     # every branch saw the image: it answers as the same question asked alone does
-    alone = [answer_question.run(picture=picture, question=qa.question, preamble="", temperature=0,
-                                 backend=sgl.RuntimeEndpoint(server.url))["answer"] for qa in qas]
+    alone = [ask_alone.run(picture=picture, question=qa.question, temperature=0,
+                           backend=sgl.RuntimeEndpoint(server.url))["answer"] for qa in qas]
     assert state["answer"] == alone
 
 
@@ -201,8 +201,14 @@ def test_streaming_pieces_join_to_text_and_variables(served):
 
 
 @sgl.function
-def answer_question(s, picture, question, preamble="A picture, a question, an answer.\n"):
-    s += preamble
+def answer_question(s, picture, question):
+    s += "A picture, a question, an answer.\n"
+    s += sgl.user(sgl.image(picture) + question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=8))
+
+
+@sgl.function
+def ask_alone(s, picture, question):
     s += sgl.user(sgl.image(picture) + question)
     s += sgl.assistant(sgl.gen("answer", max_tokens=16))
 
