@@ -1,53 +1,63 @@
-"""The scene generator: deterministic from its seed, covers every question type, and every answer
-agrees with what is actually drawn (checked from the pixels and label masks, not the metadata)."""
+"""The scene generator: deterministic from its seed, covers the world issue 21 asks for (1-4 shapes
+anywhere and of any size, overlaps, three kinds of background, several picture shapes, eight
+directions of motion, appearing and disappearing, pictures with no shape), and every answer agrees
+with what is actually drawn: read back from the pixels of the processor's view and the label masks,
+not from the metadata."""
 
 import random
 import re
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from vlserve.builtin import scenes
 from vlserve.builtin.evaluate import caption_pairs, is_correct, normalise
 
 
-def _pixels(scene, frame=0):
-    return np.asarray(scene.frames[frame], dtype=np.int32)
+def _view_pixels(scene, frame=0) -> np.ndarray:
+    """The centre square the processor keeps, at the masks' resolution."""
+    img = scene.frames[frame]
+    w, h = img.size
+    side = min(w, h)
+    box = ((w - side) // 2, (h - side) // 2, (w - side) // 2 + side, (h - side) // 2 + side)
+    return np.asarray(img.crop(box).resize((scenes.CANVAS, scenes.CANVAS), Image.NEAREST), dtype=np.int32)
 
 
 def _nearest_colour(rgb) -> str:
     return min(scenes.COLOURS, key=lambda c: sum((a - b) ** 2 for a, b in zip(scenes.COLOURS[c], rgb)))
 
 
-def _shape_from_fill(mask_k: np.ndarray) -> str:
-    ys, xs = np.nonzero(mask_k)
-    fill = mask_k.sum() / ((ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
+def _shape_from_fill(region: np.ndarray) -> str:
+    ys, xs = np.nonzero(region)
+    fill = region.sum() / ((ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
     # circle pi/4 ~ 0.79, square 1.0, triangle 0.5 of its bounding box
     return "square" if fill > 0.92 else "circle" if fill > 0.65 else "triangle"
 
 
 def _drawn_objects(scene, frame=0) -> list[dict]:
-    """What the pixels show: colour, shape and centroid of every labelled region."""
-    mask, img = scene.masks[frame], _pixels(scene, frame)
+    """What the pixels and mask show: colour, shape (when not covered) and centre of every region."""
+    mask, img = scene.masks[frame], _view_pixels(scene, frame)
     out = []
-    for k in sorted(set(np.unique(mask)) - {0}):
+    for k, obj in enumerate(scene.objects[frame], start=1):
         region = mask == k
         ys, xs = np.nonzero(region)
+        whole = region.sum() >= 0.98 * scenes.shape_mask(obj).sum()
         out.append({
-            "colour": _nearest_colour(img[region].mean(0)),
-            "shape": _shape_from_fill(region),
-            "cx": xs.mean(), "cy": ys.mean(),
+            "colour": _nearest_colour(np.median(img[region], axis=0)),
+            "shape": _shape_from_fill(region) if whole else obj.shape,
+            "checked_shape": whole,
+            "cx": (xs.mean() + 0.5) / scenes.CANVAS, "cy": (ys.mean() + 0.5) / scenes.CANVAS,
         })
     return out
 
 
 def test_same_seed_same_scene_and_questions():
-    a, b = scenes.samples(40, seed=7), scenes.samples(40, seed=7)
-    assert [(s.question, s.answer, s.qtype) for s in a] == [(s.question, s.answer, s.qtype) for s in b]
-    assert all(np.array_equal(np.asarray(x.images[0]), np.asarray(y.images[0])) for x, y in zip(a, b))
-    va, vb = scenes.samples(8, seed=7, kind="video"), scenes.samples(8, seed=7, kind="video")
-    assert all(len(x.images) == len(y.images) and np.array_equal(np.asarray(x.images[-1]), np.asarray(y.images[-1]))
-               for x, y in zip(va, vb))
+    for kind in ("image", "video", "outside"):
+        a, b = scenes.samples(24, seed=7, kind=kind), scenes.samples(24, seed=7, kind=kind)
+        assert [(s.question, s.answer, s.qtype) for s in a] == [(s.question, s.answer, s.qtype) for s in b]
+        assert all(len(x.images) == len(y.images) and np.array_equal(np.asarray(x.images[-1]), np.asarray(y.images[-1]))
+                   for x, y in zip(a, b))
 
 
 def test_different_seeds_differ():
@@ -55,77 +65,125 @@ def test_different_seeds_differ():
     assert [s.answer for s in a] != [s.answer for s in b]
 
 
-def test_coverage_of_shapes_colours_counts_and_question_types():
+def test_coverage_of_the_world():
     rng = random.Random(3)
     image_scenes = [scenes.image_scene(rng) for _ in range(300)]
     drawn = [o for sc in image_scenes for o in sc.objects[0]]
-    assert {o.shape for o in drawn} == set(scenes.SHAPES) and len(scenes.SHAPES) >= 3
-    assert {o.colour for o in drawn} == set(scenes.COLOURS) and len(scenes.COLOURS) >= 6
-    assert {len(sc.objects[0]) for sc in image_scenes} == {1, 2, 3}
-    assert len({sc.background for sc in image_scenes}) == len(scenes.BACKGROUNDS)
-    assert len({round(o.size) for o in drawn}) > 20, "shapes should come in many sizes"
+    assert {o.shape for o in drawn} == set(scenes.SHAPES)
+    assert {o.colour for o in drawn} == set(scenes.COLOURS)
+    assert {len(sc.objects[0]) for sc in image_scenes} == {1, 2, 3, 4}
+    sizes = [o.size for o in drawn]
+    assert min(sizes) < 0.2 and max(sizes) > 0.8, "from small to filling the frame"
+    assert {sc.frames[0].size for sc in image_scenes} == set(scenes.PICTURE_SIZES)
+    overlapping = sum(any((sc.masks[0] == k + 1).sum() < scenes.shape_mask(o).sum() for k, o in enumerate(sc.objects[0]))
+                      for sc in image_scenes)
+    assert overlapping > 10, "some shapes overlap"
+    centres = [xy for sc in image_scenes for xy in scenes.centroids(sc.masks[0], len(sc.objects[0]))]
+    assert {(scenes.horizontal(x), scenes.vertical(y)) for x, y in centres} >= {
+        (h, v) for h in ("left", "centre", "right") for v in ("top", "centre", "bottom")}, "shapes anywhere"
 
-    image, video = scenes.samples(300, seed=4), scenes.samples(120, seed=4, kind="video")
+    image, video = scenes.samples(600, seed=4), scenes.samples(200, seed=4, kind="video")
+    outside = scenes.samples(30, seed=4, kind="outside")
     assert {s.qtype for s in image} == set(scenes.IMAGE_QTYPES)
     assert {s.qtype for s in video} == set(scenes.VIDEO_QTYPES)
+    assert {s.answer for s in outside} == {scenes.CANNOT_TELL}
     assert {len(s.images) for s in video} == {4, 5, 6, 7, 8}
     for qtype in scenes.IMAGE_QTYPES + scenes.VIDEO_QTYPES:
         questions = {s.question for s in image + video if s.qtype == qtype}
         templates = {re.sub(r"\b(" + "|".join([*scenes.COLOURS, *scenes.SHAPES]) + r")s?\b", "X", q) for q in questions}
         assert len(templates) >= 3, f"{qtype} is phrased only {len(templates)} ways"
-    answers = {s.answer for s in image if s.qtype == "position"}
-    assert answers == {"left", "right", "top", "bottom"}
-    assert {s.answer for s in video if s.qtype == "direction"} == set(scenes.DIRECTIONS)
+    asked = " ".join(s.question for s in image)
+    for phrasing in ("What colour", "What color", "Which shape", "How many", "Where is", "Is there a"):
+        assert phrasing in asked, phrasing
+    assert {s.answer for s in image if s.qtype == "exists"} == {"Yes.", "No."}
+    assert {s.answer for s in image if s.qtype == "count"} >= {"None.", "One.", "Two.", "Three.", "Four."}
+    assert {s.answer for s in video if s.qtype == "direction"} == {d.capitalize() + "." for d in scenes.DIRECTIONS}
+    assert {s.answer.split()[1] for s in video if s.qtype == "event"} == {"moves", "changes", "appears.", "disappears."}
+
+
+def test_answers_are_short_capitalised_and_have_no_leading_space():
+    for s in scenes.samples(120, seed=5) + scenes.samples(40, seed=5, kind="video"):
+        assert s.answer == s.answer.strip() and s.answer[0].isupper() and s.answer.endswith(".")
+        assert len(s.answer.split()) <= (16 if s.qtype == "caption" else 8), s.answer
 
 
 def test_image_answers_match_the_pixels():
     rng = random.Random(11)
+    checked_shapes = 0
     for _ in range(150):
         sc = scenes.image_scene(rng)
         objs = _drawn_objects(sc)
-        assert len(objs) == len(sc.objects[0])
-        by_colour = {o["colour"]: o for o in objs}
-        assert len(by_colour) == len(objs), "colours within a scene are distinct"
+        assert set(np.unique(sc.masks[0])) == set(range(len(objs) + 1)), "every shape is visible"
+        for o, meta in zip(objs, sc.objects[0]):
+            assert o["colour"] == meta.colour
+            assert o["shape"] == meta.shape
+            checked_shapes += o["checked_shape"]
         for qa in sc.qas:
             named_colour = [c for c in scenes.COLOURS if re.search(rf"\b{c}\b", qa.question)]
             named_shape = [s for s in scenes.SHAPES if re.search(rf"\b{s}s?\b", qa.question)]
             if qa.qtype == "colour":
                 matches = [o for o in objs if not named_shape or o["shape"] == named_shape[0]]
-                assert [o["colour"] for o in matches] == [qa.answer], qa
+                assert [o["colour"].capitalize() + "." for o in matches] == [qa.answer], qa
             elif qa.qtype == "shape":
-                target = by_colour[named_colour[0]] if named_colour else objs[0]
-                assert target["shape"] == qa.answer, qa
+                matches = [o for o in objs if not named_colour or o["colour"] == named_colour[0]]
+                assert len(matches) == 1 and qa.answer.endswith(f" {matches[0]['shape']}."), qa
             elif qa.qtype == "position":
-                o = by_colour[named_colour[0]]
-                assert o["shape"] == named_shape[0]
-                half = scenes.CANVAS / 2
-                expected = {"left": o["cx"] < half, "right": o["cx"] >= half,
-                            "top": o["cy"] < half, "bottom": o["cy"] >= half}
-                assert expected[qa.answer], qa
+                (o,) = [o for o in objs if (o["colour"], o["shape"]) == (named_colour[0], named_shape[0])]
+                h, v = scenes.horizontal(o["cx"]), scenes.vertical(o["cy"])
+                said = set(re.findall(r"left|right|top|bottom|centre", qa.answer))
+                assert said <= {h, v} and said, (qa, h, v)
             elif qa.qtype == "count":
                 wanted = [o for o in objs if not named_shape or o["shape"] == named_shape[0]]
-                assert qa.answer == str(len(wanted)), qa
+                assert normalise(qa.answer) == str(len(wanted)), qa
+            elif qa.qtype == "exists":
+                there = any((not named_colour or o["colour"] == named_colour[0])
+                            and (not named_shape or o["shape"] == named_shape[0]) for o in objs)
+                assert qa.answer == ("Yes." if there else "No."), qa
             elif qa.qtype == "caption":
-                assert caption_pairs(qa.answer) == caption_pairs(" ".join(f"{o['colour']} {o['shape']}" for o in objs))
-                assert sc.background in qa.answer
+                assert caption_pairs(qa.answer) == caption_pairs(" ".join(f"a {o['colour']} {o['shape']}" for o in objs))
+    assert checked_shapes > 200
 
 
 def test_video_answers_match_the_pixels():
     rng = random.Random(12)
-    for _ in range(60):
+    kinds = set()
+    for _ in range(80):
         sc = scenes.video_scene(rng)
         assert 4 <= len(sc.frames) <= 8
-        first, last = _drawn_objects(sc, 0)[0], _drawn_objects(sc, -1)[0]
         answers = {qa.qtype: qa.answer for qa in sc.qas}
-        assert answers["appears"] == first["shape"] == last["shape"]
-        assert answers["first_colour"] == first["colour"]
-        assert answers["last_colour"] == last["colour"]
-        dx, dy = last["cx"] - first["cx"], last["cy"] - first["cy"]
-        if "direction" in answers:
-            moved = {"right": dx, "left": -dx, "down": dy, "up": -dy}
-            assert moved[answers["direction"]] > scenes.CANVAS / 3, (answers, dx, dy)
+        present = [bool(m.any()) for m in sc.masks]
+        event = answers["event"]
+        if event == "It appears.":
+            assert not present[0] and present[-1] and present == sorted(present)
+        elif event == "It disappears.":
+            assert present[0] and not present[-1] and present == sorted(present, reverse=True)
         else:
-            assert abs(dx) < 1 and abs(dy) < 1 and first["colour"] != last["colour"]
+            assert all(present)
+        seen = [_drawn_objects(sc, f)[0] for f in range(len(sc.frames)) if present[f]]
+        assert all(o["shape"] in answers["appears"] for o in seen)
+        if "first_colour" in answers:
+            assert answers["first_colour"] == seen[0]["colour"].capitalize() + "."
+        if "last_colour" in answers:
+            assert answers["last_colour"] == seen[-1]["colour"].capitalize() + "."
+        dx, dy = seen[-1]["cx"] - seen[0]["cx"], seen[-1]["cy"] - seen[0]["cy"]
+        if "direction" in answers:
+            kinds.add("move")
+            want = scenes.DIRECTIONS[answers["direction"].rstrip(".").lower()]
+            for moved, sign in ((dx, want[0]), (dy, want[1])):
+                assert (abs(moved) < 0.01) if sign == 0 else (moved * sign > 0.3), (answers, dx, dy)
+        else:
+            assert abs(dx) < 0.01 and abs(dy) < 0.01
+            kinds.add(event.split()[1])
+    assert kinds == {"move", "changes", "appears.", "disappears."}
+
+
+def test_outside_pictures_have_no_shape_and_one_answer():
+    rng = random.Random(13)
+    for kind in scenes.OUTSIDE_KINDS:
+        sc = scenes.outside_scene(rng, kind)
+        assert not sc.masks[0].any() and sc.objects == [[]]
+        assert {qa.answer for qa in sc.qas} == {scenes.CANNOT_TELL}
+        assert {qa.qtype for qa in sc.qas} == {scenes.OUTSIDE_QTYPE}
 
 
 def test_bad_arguments_raise_clear_errors():
@@ -133,14 +191,21 @@ def test_bad_arguments_raise_clear_errors():
         scenes.samples(1, 0, kind="audio")
     with pytest.raises(ValueError, match="n_frames"):
         scenes.video_scene(random.Random(0), n_frames=1)
+    with pytest.raises(ValueError, match="kind"):
+        scenes.video_scene(random.Random(0), 4, kind="spin")
+    with pytest.raises(ValueError, match="kind"):
+        scenes.outside_scene(random.Random(0), "video")
 
 
 def test_scoring_rules():
-    assert normalise(" Two. ") == "2" and normalise("Color") == "colour"
-    assert is_correct("count", "two", "2")
-    assert not is_correct("colour", "red blue", "red")
-    ref = "A red circle and a blue square on a white background."
-    assert is_correct("caption", "A blue square and a red circle on a black background.", ref)
-    assert not is_correct("caption", "A red circle on a white background.", ref)
-    assert not is_correct("caption", "A red circle, a blue square and a green triangle.", ref)
-    assert not is_correct("caption", "A blue circle and a red square on a white background.", ref)
+    assert normalise(" Two. ") == "2" and normalise("Color") == "colour" and normalise("None.") == "0"
+    assert normalise("On the left.") == normalise("left") and normalise("A circle.") == "circle"
+    assert is_correct("count", "two", "Two.")
+    assert not is_correct("colour", "red blue", "Red.")
+    assert is_correct(scenes.OUTSIDE_QTYPE, scenes.CANNOT_TELL, scenes.CANNOT_TELL)
+    assert not is_correct(scenes.OUTSIDE_QTYPE, "Red.", scenes.CANNOT_TELL)
+    ref = "A red circle and two blue squares."
+    assert is_correct("caption", "Two blue squares and a red circle.", ref)
+    assert not is_correct("caption", "A red circle and a blue square.", ref)
+    assert not is_correct("caption", "A red circle, two blue squares and a green triangle.", ref)
+    assert not is_correct("caption", "A blue circle and two red squares.", ref)

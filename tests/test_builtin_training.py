@@ -1,5 +1,7 @@
-"""The built-in model's training-only attention targets point at the right patches, words and frames,
-and the supervision loss measures attention mass on them."""
+"""The built-in model's training-only targets: attention targets point at the right patches, words and
+frames, the supervision loss measures attention mass on them, per-patch targets mark each shape's
+centre once, answers follow the generation prompt without a leading space, and a warm start copies
+the earlier checkpoint."""
 
 import math
 import random
@@ -12,7 +14,7 @@ from vlserve.builtin import scenes
 from vlserve.builtin.attention_targets import (
     KEYWORD_LAYER, RETRIEVAL_HEADS, RETRIEVAL_LAYER, AttentionBatch, object_patches, retrieval_patches,
 )
-from vlserve.builtin.train import BatchMaker, build_image_processor
+from vlserve.builtin.train import BatchMaker, build_image_processor, build_model, patch_targets, warm_start
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
 GRID = 4
@@ -39,7 +41,7 @@ def _patch_of(scene, maker, positions):
     return sorted(image_positions.index(p) for p in positions)
 
 
-def test_every_object_owns_patches_and_no_patch_has_two_owners():
+def test_every_object_owns_patches_where_it_is_drawn():
     for seed in range(20):
         scene = _multi_object_scene(seed, at_least=2)
         per_object = object_patches(scene, GRID)[0]
@@ -50,9 +52,20 @@ def test_every_object_owns_patches_and_no_patch_has_two_owners():
             for p in patches:
                 r, c = divmod(p, GRID)
                 assert (scene.masks[0][r * block:(r + 1) * block, c * block:(c + 1) * block] == k + 1).any()
-        # shapes sit in distinct quadrants, so their patch sets are disjoint
-        flat = [p for ps in per_object for p in ps]
-        assert len(flat) == len(set(flat))
+
+
+def test_each_shape_centre_is_marked_once_with_its_shape():
+    rng = random.Random(8)
+    for _ in range(40):
+        scene = scenes.image_scene(rng)
+        centre = patch_targets(scene, GRID)[0][:, 4]
+        objects = scene.objects[0]
+        marked = sorted(int(c) for c in centre if c)
+        # two centres in one patch leave one mark; otherwise one mark per shape, of its kind
+        assert len(marked) <= len(objects) and marked
+        assert set(marked) <= {scenes.SHAPES.index(o.shape) + 1 for o in objects}
+    outside = scenes.outside_scene(rng)
+    assert not patch_targets(outside, GRID)[..., [0, 1, 4]].any()
 
 
 def test_named_shape_question_targets_that_shape_and_its_keywords(maker):
@@ -77,13 +90,15 @@ def test_caption_words_target_the_shape_being_described(maker):
     caption = next(q for q in scene.qas if q.qtype == "caption")
     ids, _, _, targets = maker.encode(scene, [caption])
     patches = object_patches(scene, GRID)[0]
+    groups = scenes.caption_groups(scene.objects[0], scenes.centroids(scene.masks[0], len(scene.objects[0])))
+    group_patches = {(c, s): sorted({p for k in ks for p in patches[k]}) for c, s, ks in groups}
     for t in targets:
         next_word = maker.tok.decode([ids[t.query + 1]]).strip().lower()
-        owner = next(k for k, ps in enumerate(patches) if _patch_of(scene, maker, t.keys) == sorted(ps))
-        obj = scene.objects[0][owner]
-        assert next_word in (obj.colour, obj.shape, "a", "an"), (next_word, obj)
+        named = [kind for kind, ps in group_patches.items() if ps == _patch_of(scene, maker, t.keys)]
+        assert named, "the keys are the patches of one kind of shape"
+        assert any(next_word.rstrip("s") in (c, s, "a", "an", "two", "three", "four") for c, s in named), (next_word, named)
     described = {tuple(sorted(t.keys)) for t in targets}
-    assert len(described) == len(scene.objects[0]), "every shape in the caption is looked at"
+    assert len(described) == len(set(map(tuple, group_patches.values()))), "every kind of shape is looked at"
 
 
 def test_video_targets_pick_frames_by_question(maker):
@@ -104,10 +119,58 @@ def test_video_targets_pick_frames_by_question(maker):
         assert {colours[i // n] for i in a} == {want}
 
 
-def test_counting_has_no_retrieval_target():
+def test_counting_and_outside_pictures_look_at_every_patch_and_a_missing_shape_nowhere():
+    every = list(range(GRID * GRID))
     scene = _multi_object_scene(4)
     count = next(q for q in scene.qas if q.qtype == "count")
-    assert retrieval_patches(scene, count, GRID) is None
+    assert retrieval_patches(scene, count, GRID) == (every, every)
+    outside = scenes.outside_scene(random.Random(4))
+    assert retrieval_patches(outside, outside.qas[0], GRID) == (every, every)
+    no = next(q for sc in (scenes.image_scene(random.Random(s)) for s in range(50))
+              for q in sc.qas if q.qtype == "exists" and q.answer == "No.")
+    assert retrieval_patches(scene, no, GRID) is None
+
+
+def test_appearing_shape_targets_the_whole_first_frame_and_the_shape_last():
+    scene = scenes.video_scene(random.Random(9), 5, kind="appear")
+    event = next(q for q in scene.qas if q.qtype == "event")
+    first, last = retrieval_patches(scene, event, GRID)
+    n = GRID * GRID
+    assert first == list(range(n)), "nothing to look at in the first frame but the frame"
+    assert last == [4 * n + p for p in object_patches(scene, GRID)[4][0]]
+
+
+def test_answers_follow_the_generation_prompt_without_a_leading_space():
+    from vlserve.builtin.tokenizer import BUILTIN_CHAT_TEMPLATE, GENERATION_PROMPT
+
+    tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
+    tok.chat_template = BUILTIN_CHAT_TEMPLATE  # what train_tokenizer gives every checkpoint it trains
+    maker = BatchMaker(tok, build_image_processor(), seed=0, grid=GRID)
+    scene = _multi_object_scene(7)
+    seen = set()
+    for _ in range(30):
+        ids, _, spans, _ = maker.encode(scene, scene.qas[:1])
+        _, start, end = spans[0]
+        prompt = maker.tok.decode(ids[:start])
+        answer = maker.tok.decode(ids[start:end], skip_special_tokens=True)
+        raw = not prompt.endswith(GENERATION_PROMPT)
+        seen.add(raw)
+        assert prompt.endswith("ASSISTANT:" if raw else GENERATION_PROMPT)
+        assert answer == (" " if raw else "") + scene.qas[0].answer
+    assert seen == {True, False}, "both the template's prompt and a raw one are trained"
+
+
+def test_warm_start_copies_the_checkpoint():
+    from transformers import LlavaForConditionalGeneration
+
+    tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
+    old = LlavaForConditionalGeneration.from_pretrained(BUILTIN_MODEL_DIR)
+    new = build_model(tok)
+    warm_start(new, tok, BUILTIN_MODEL_DIR)
+    old_state, new_state = old.state_dict(), new.state_dict()
+    assert old_state.keys() == new_state.keys()
+    for k in old_state:
+        assert torch.equal(old_state[k], new_state[k]), k
 
 
 def test_attention_loss_is_minus_log_mass_on_the_keys(maker):

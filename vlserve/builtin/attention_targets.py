@@ -7,9 +7,13 @@ on the projector's output read shape and colour per patch at 99%). So training t
 one decoder layer where to look, as a loss on their attention probabilities:
 
 - retrieval heads (layer `RETRIEVAL_LAYER`), at the position that predicts the answer: the patches of
-  the shape the question names; for a caption, each shape's patches while its words are written; in a
-  video, the shape in the frames of the asked-for colour (first/last), or in the first frame (head A)
-  and the last frame (head B) for the direction of motion;
+  the shape the question names (a yes/no question about a shape that is there included); for a
+  caption, each kind of shape's patches while its words are written; for counting and for a picture
+  with no known shape, every patch alike (their mean keeps a count of the per-patch "a shape's centre
+  is here" features the auxiliary head teaches); in a video, the shape in the frames of the asked-for
+  colour (first/last) or in all its frames (which shape), and for what happens and the direction of
+  motion the first frame (head A) and the last frame (head B): the shape there, or the whole frame
+  where it is absent;
 - a keyword head (layer `KEYWORD_LAYER`), at the same position: the question's words that name a
   shape, a colour, or the start or end of the video, so the retrieval query knows what it is after.
 
@@ -31,7 +35,7 @@ RETRIEVAL_HEADS = (0, 1)  # (A, B): the same patches, except first frame / last 
 KEYWORD_LAYER = 1
 KEYWORD_HEAD = 0
 KEYWORDS = re.compile(r"\b(" + "|".join([*scenes.SHAPES, *scenes.COLOURS, "start", "beginning", "first",
-                                         "end", "last"]) + r")\b")
+                                         "end", "last"]) + r")s?\b")
 MIN_COVER = 1 / 8  # a patch belongs to a shape that covers this fraction of it
 
 
@@ -50,8 +54,9 @@ class Turn:
     prompt: str  # the chat-templated prompt text of this turn
     prompt_offsets: list[tuple[int, int]]  # per prompt token (image runs expanded), chars in `prompt`
     prompt_start: int  # position of the turn's first prompt token
-    answer_offsets: list[tuple[int, int]]  # per answer token, chars in " " + answer + eos
+    answer_offsets: list[tuple[int, int]]  # per answer token, chars in answer_prefix + answer + eos
     answer_start: int  # position of the first answer token
+    answer_prefix: str = ""  # " " when the prompt ends "ASSISTANT:" (a raw prompt), else ""
 
 
 def object_patches(scene: scenes.Scene, grid: int) -> list[list[list[int]]]:
@@ -59,7 +64,7 @@ def object_patches(scene: scenes.Scene, grid: int) -> list[list[list[int]]]:
     out = []
     for mask, objects in zip(scene.masks, scene.objects):
         blocks = scenes.patch_blocks(mask, grid)
-        per_object = []
+        per_object = []  # empty for a frame without shapes
         for k in range(1, len(objects) + 1):
             cover = (blocks == k).mean(1)
             hit = np.flatnonzero(cover >= MIN_COVER)
@@ -70,37 +75,46 @@ def object_patches(scene: scenes.Scene, grid: int) -> list[list[list[int]]]:
 
 def retrieval_patches(scene: scenes.Scene, qa: scenes.QA, grid: int) -> tuple[list[int], list[int]] | None:
     """(head A, head B) targets as indices into the scene's image tokens (frame * grid² + patch), or
-    None where no single place answers the question (counting)."""
+    None where no place answers the question (a yes/no question about a shape that is not there)."""
     patches = object_patches(scene, grid)
     n = grid * grid
 
     def tokens(frames: list[int], obj: int = 0) -> list[int]:
-        return [f * n + p for f in frames for p in patches[f][obj]]
+        return [f * n + p for f in frames if patches[f] for p in patches[f][obj]]
+
+    def shape_or_frame(f: int) -> list[int]:
+        return tokens([f]) or list(range(f * n, (f + 1) * n))
 
     frames = range(len(scene.frames))
-    colours = [objs[0].colour for objs in scene.objects]
+    colours = [objs[0].colour if objs else None for objs in scene.objects]
     if qa.about is not None:
         t = tokens([0], qa.about)
         return t, t
+    if qa.qtype in ("count", scenes.OUTSIDE_QTYPE):
+        every = list(range(n))
+        return every, every
     if qa.qtype in ("first_colour", "last_colour"):
-        want = colours[0] if qa.qtype == "first_colour" else colours[-1]
+        present = [c for c in colours if c is not None]
+        want = present[0] if qa.qtype == "first_colour" else present[-1]
         t = tokens([f for f in frames if colours[f] == want])
         return t, t
     if qa.qtype == "appears":
         t = tokens(list(frames))
         return t, t
-    if qa.qtype == "direction":
-        return tokens([0]), tokens([len(scene.frames) - 1])
+    if qa.qtype in ("direction", "event"):
+        return shape_or_frame(0), shape_or_frame(len(scene.frames) - 1)
     return None
 
 
-def caption_phrases(scene: scenes.Scene, caption: str) -> list[tuple[int, int, int]]:
-    """(start, end, object index) of each "a red circle" in a caption, article included."""
+def caption_phrases(scene: scenes.Scene, caption: str) -> list[tuple[int, int, list[int]]]:
+    """(start, end, object indices) of each "a red circle" / "two red circles" in a caption."""
+    shapes = scene.objects[0]
+    centres = scenes.centroids(scene.masks[0], len(shapes))
     out = []
-    for k, s in enumerate(scene.objects[0]):
-        m = re.search(rf"\b[Aa]n? {s.colour} {s.shape}\b", caption)
+    for colour, shape, ks in scenes.caption_groups(shapes, centres):
+        m = re.search(rf"\b(?:[Aa]n?|[Tt]wo|[Tt]hree|[Ff]our) {colour} {shape}s?\b", caption)
         if m:
-            out.append((m.start(), m.end(), k))
+            out.append((m.start(), m.end(), ks))
     return out
 
 
@@ -120,9 +134,10 @@ def turn_targets(scene: scenes.Scene, qa: scenes.QA, turn: Turn, image_positions
     out = []
     if qa.qtype == "caption":
         patches = object_patches(scene, grid)[0]
-        for start, end, k in caption_phrases(scene, qa.answer):
-            keys = [image_positions[p] for p in patches[k]]
-            for t in overlapping(turn.answer_offsets, start + 1, end + 1):  # +1: the answer's leading space
+        shift = len(turn.answer_prefix)
+        for start, end, ks in caption_phrases(scene, qa.answer):
+            keys = sorted({image_positions[p] for k in ks for p in patches[k]})
+            for t in overlapping(turn.answer_offsets, start + shift, end + shift):
                 out += [AttentionTarget(RETRIEVAL_LAYER, h, turn.answer_start + t - 1, keys) for h in RETRIEVAL_HEADS]
         return out
     patches = retrieval_patches(scene, qa, grid)

@@ -3,12 +3,14 @@
     python -m vlserve.builtin.evaluate --model vlserve/builtin_model --n 500 --seed 12345
     python -m vlserve.builtin.evaluate --backend vlserve            # through vlserve's Engine
     python -m vlserve.builtin.evaluate --blank                      # every image replaced by a blank one
+    python -m vlserve.builtin.evaluate --kind outside               # pictures with no known shape
 
 A backend is any `generate_fn(prompts, images) -> answers`: `prompts[i]` is the chat-templated text
 with one `<image>` per image (a video is its frames, one `<image>` each) and `images[i]` the PIL images
 for it, in order. Decoding is greedy. An answer is right when it equals the reference after
-normalisation (case, final full stop, number words, "color"); a caption is right when it names every
-shape with its colour and names no shape that is not there.
+normalisation (case, final full stop, a leading article or "on/at/in the", number words, "color",
+"center"); a caption is right when it names every shape with its colour, as many times as it is
+there ("two red circles" counts two), and names no shape that is not there.
 """
 
 from __future__ import annotations
@@ -29,8 +31,13 @@ GenerateFn = Callable[[list[str], list[list[Image.Image]]], list[str]]
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "builtin_model"
 MAX_NEW_TOKENS = 24
-_NUMBERS = {word: str(n) for n, word in scenes.NUMBER_WORDS.items()}
-_PAIR = re.compile(r"\b(" + "|".join(scenes.COLOURS) + r")\s+(" + "|".join(scenes.SHAPES) + r")s?\b")
+_NUMBERS = {word: str(n) for n, word in scenes.NUMBER_WORDS.items()} | {"zero": "0", "no": "0"}
+_PAIR = re.compile(r"\b(?:(a|an|one|two|three|four)\s+)?(" + "|".join(scenes.COLOURS) + r")\s+("
+                   + "|".join(scenes.SHAPES) + r")s?\b")
+_FILLER = re.compile(r"^(?:(?:it is|it's|there (?:is|are)|on the|at the|in the|an|a)\s+)+")
+_CANNOT_TELL = scenes.CANNOT_TELL.lower().rstrip(".")
+QTYPE_GROUPS = (("image", scenes.IMAGE_QTYPES), ("video", scenes.VIDEO_QTYPES),
+                ("outside", (scenes.OUTSIDE_QTYPE,)))
 
 
 @dataclass
@@ -47,23 +54,30 @@ class Report:
 
     def table(self) -> str:
         lines = [f"{'question type':<14} {'accuracy':>8} {'n':>5}"]
-        for group, qtypes in (("image", scenes.IMAGE_QTYPES), ("video", scenes.VIDEO_QTYPES)):
+        for group, qtypes in QTYPE_GROUPS:
             present = [q for q in qtypes if self.total[q]]
             if not present:
                 continue
             lines += [f"{q:<14} {self.accuracy(q):>8.1%} {self.total[q]:>5}" for q in present]
-            lines.append(f"{group + ' overall':<14} {self.overall(present):>8.1%} {sum(self.total[q] for q in present):>5}")
+            if len(present) > 1:
+                lines.append(f"{group + ' overall':<14} {self.overall(present):>8.1%} {sum(self.total[q] for q in present):>5}")
         return "\n".join(lines)
 
 
 def normalise(text: str) -> str:
-    text = text.strip().lower().replace("color", "colour")
+    text = text.strip().lower().replace("color", "colour").replace("center", "centre")
     text = re.sub(r"\s+", " ", text).rstrip(".!")
+    if text != _CANNOT_TELL:
+        text = _FILLER.sub("", text)
     return _NUMBERS.get(text, text)
 
 
 def caption_pairs(text: str) -> Counter:
-    return Counter(_PAIR.findall(normalise(text)))
+    """(colour, shape) -> how many the text names."""
+    out: Counter = Counter()
+    for number, colour, shape in _PAIR.findall(text.strip().lower()):
+        out[(colour, shape)] += int(_NUMBERS.get(number, "1"))
+    return out
 
 
 def is_correct(qtype: str, prediction: str, reference: str) -> bool:
@@ -148,9 +162,9 @@ BACKENDS = {"transformers": transformers_backend, "vlserve": vlserve_backend}
 def main() -> None:
     p = argparse.ArgumentParser(description="Per-question-type accuracy on generated scenes.")
     p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--n", type=int, default=500, help="questions per kind (image, video)")
+    p.add_argument("--n", type=int, default=500, help="questions per kind (image, video, outside)")
     p.add_argument("--seed", type=int, default=12345, help="held-out seed (training uses small seeds)")
-    p.add_argument("--kind", choices=("image", "video", "both"), default="both")
+    p.add_argument("--kind", choices=("image", "video", "outside", "all"), default="all")
     p.add_argument("--backend", choices=tuple(BACKENDS), default="transformers")
     p.add_argument("--blank", action="store_true", help="replace every image by a blank one")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -159,7 +173,7 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     generate_fn, tokenizer = BACKENDS[a.backend](a.model)
-    kinds = ("image", "video") if a.kind == "both" else (a.kind,)
+    kinds = ("image", "video", "outside") if a.kind == "all" else (a.kind,)
     data = [s for i, k in enumerate(kinds) for s in scenes.samples(a.n, a.seed + i, k)]
     report = evaluate(generate_fn, data, tokenizer, blank=a.blank)
     print(f"model {a.model}  backend {a.backend}  seed {a.seed}  n {a.n}/kind{'  BLANK images' if a.blank else ''}")

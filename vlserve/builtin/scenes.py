@@ -1,12 +1,18 @@
-"""Synthetic scenes for the built-in model: coloured shapes on plain backgrounds, with questions.
+"""Synthetic scenes for the built-in model: what people draw, with questions and short answers.
 
 Everything is drawn from a `random.Random(seed)`, so a seed fixes every pixel, question and answer.
-An image scene has one to three shapes, each in its own quadrant of the canvas (so left/right and
-top/bottom always have one answer, and shapes never overlap). A video scene has 4-8 frames of one
-shape that either crosses the canvas or changes colour half-way through.
+An image scene has one to four circles, squares and triangles anywhere in the picture, from small to
+filling the frame, overlapping a little at most, on a plain, gradient or textured background, in a
+picture of one of several sizes and aspect ratios. The model's image processor resizes the short
+side and centre-crops a square (CLIP's processing), so shapes are placed inside that visible square
+and every answer (count, position, caption) is read from the shapes' own label mask of the view.
 
-Each scene also keeps a label mask per frame (0 = background, k = k-th object), which training uses
-for its per-patch auxiliary targets; serving never sees it.
+A video scene is 4-8 frames of one shape that moves in one of eight directions, changes colour,
+appears or disappears. An out-of-world scene (noise, a photograph-like texture, a blank picture) has
+no known shape, and every question about it is answered with `CANNOT_TELL`.
+
+Each scene keeps a label mask of the model's view per frame (0 = background, k = k-th object), which
+training uses for its per-patch targets; serving never sees it.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFilter
 
 SHAPES = ("circle", "square", "triangle")
 COLOURS = {
@@ -26,23 +32,37 @@ COLOURS = {
     "orange": (245, 140, 20),
     "purple": (140, 50, 190),
 }
-BACKGROUNDS = {"white": (250, 250, 250), "black": (15, 15, 15), "gray": (128, 128, 128)}
-DIRECTIONS = ("left", "right", "up", "down")
+# Neutral tones only, so a background is never mistaken for a shape's colour.
+BACKGROUNDS = {"white": (250, 250, 250), "black": (15, 15, 15), "gray": (128, 128, 128),
+               "light gray": (200, 200, 200), "beige": (235, 225, 200), "dark gray": (60, 60, 60)}
+BACKGROUND_KINDS = ("plain", "gradient", "textured")
+PICTURE_SIZES = ((128, 128), (96, 96), (200, 200), (160, 120), (120, 160), (192, 108), (108, 192),
+                 (150, 100), (100, 150))  # width, height
+DIRECTIONS = {  # answer -> (dx, dy) in the view (y down)
+    "left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1),
+    "up and to the left": (-1, -1), "up and to the right": (1, -1),
+    "down and to the left": (-1, 1), "down and to the right": (1, 1),
+}
+VIDEO_KINDS = ("move", "recolour", "appear", "disappear")
+OUTSIDE_KINDS = ("noise", "photo", "blank")
 
-IMAGE_QTYPES = ("colour", "shape", "count", "position", "caption")
-VIDEO_QTYPES = ("direction", "first_colour", "last_colour", "appears")
+IMAGE_QTYPES = ("colour", "shape", "count", "position", "exists", "caption")
+VIDEO_QTYPES = ("direction", "first_colour", "last_colour", "appears", "event")
+OUTSIDE_QTYPE = "outside"
+CANNOT_TELL = "I can only see circles, squares and triangles."
 
-CANVAS = 128  # drawn at twice the model's 64 px so edges are anti-aliased by the resize
-NUMBER_WORDS = {0: "zero", 1: "one", 2: "two", 3: "three"}
+CANVAS = 128  # side of the label masks: the model's view (the processor's crop) at twice its 64 px
+NUMBER_WORDS = {0: "none", 1: "one", 2: "two", 3: "three", 4: "four"}
+MIN_VISIBLE = 0.7  # a shape partly covered by a later one keeps at least this share of its area
 
 
 @dataclass(frozen=True)
 class Shape:
     shape: str
     colour: str
-    cx: float  # centre, in canvas pixels
+    cx: float  # centre, as a fraction of the view's side
     cy: float
-    size: float  # side of the bounding square, in canvas pixels
+    size: float  # side of the bounding square, as a fraction of the view's side
 
 
 @dataclass
@@ -58,7 +78,7 @@ class Scene:
     """A drawn image (one frame) or video (4-8 frames) with every question it can answer."""
 
     frames: list[Image.Image]
-    masks: list[np.ndarray]  # per frame, uint8 (CANVAS, CANVAS): 0 background, k = objects[k-1]
+    masks: list[np.ndarray]  # per frame, uint8 (CANVAS, CANVAS) over the view: 0 background, k = objects[k-1]
     objects: list[list[Shape]]  # per frame, the shapes drawn in it
     background: str
     qas: list[QA]
@@ -81,36 +101,94 @@ class Sample:
 # ---------------------------------------------------------------- drawing
 
 
-def _jitter(rgb: tuple[int, int, int], rng: random.Random) -> tuple[int, int, int]:
-    return tuple(max(0, min(255, c + rng.randint(-12, 12))) for c in rgb)
+@dataclass(frozen=True)
+class View:
+    """Where the processor's centre crop sits in a picture of `width` x `height` pixels."""
+
+    width: int
+    height: int
+
+    @property
+    def side(self) -> int:
+        return min(self.width, self.height)
+
+    def to_pixels(self, u: float, v: float) -> tuple[float, float]:
+        return (self.width - self.side) / 2 + u * self.side, (self.height - self.side) / 2 + v * self.side
 
 
-def _polygon(s: Shape) -> list[tuple[float, float]] | None:
-    h = s.size / 2
-    if s.shape == "triangle":
-        return [(s.cx, s.cy - h), (s.cx + h, s.cy + h), (s.cx - h, s.cy + h)]
-    return None
+def _jitter(rgb, rng: random.Random, amount: int = 18) -> tuple[int, int, int]:
+    return tuple(max(0, min(255, c + rng.randint(-amount, amount))) for c in rgb)
 
 
-def _draw(draw: ImageDraw.ImageDraw, s: Shape, fill) -> None:
-    h = s.size / 2
-    box = [s.cx - h, s.cy - h, s.cx + h, s.cy + h]
+def _outline(s: Shape, side: float, origin=(0.0, 0.0)) -> tuple[str, list[float] | list[tuple[float, float]]]:
+    """("ellipse" | "rectangle" | "polygon", coordinates) of a shape in a square of `side` pixels."""
+    cx, cy, h = origin[0] + s.cx * side, origin[1] + s.cy * side, s.size * side / 2
     if s.shape == "circle":
-        draw.ellipse(box, fill=fill)
-    elif s.shape == "square":
-        draw.rectangle(box, fill=fill)
-    else:
-        draw.polygon(_polygon(s), fill=fill)
+        return "ellipse", [cx - h, cy - h, cx + h, cy + h]
+    if s.shape == "square":
+        return "rectangle", [cx - h, cy - h, cx + h, cy + h]
+    return "polygon", [(cx, cy - h), (cx + h, cy + h), (cx - h, cy + h)]
 
 
-def render(shapes: list[Shape], background: str, rng: random.Random) -> tuple[Image.Image, np.ndarray]:
-    img = Image.new("RGB", (CANVAS, CANVAS), _jitter(BACKGROUNDS[background], rng))
-    mask = Image.new("L", (CANVAS, CANVAS), 0)
-    d_img, d_mask = ImageDraw.Draw(img), ImageDraw.Draw(mask)
+def _draw(draw: ImageDraw.ImageDraw, s: Shape, side: float, fill, origin=(0.0, 0.0), edge=None, width=0) -> None:
+    kind, xy = _outline(s, side, origin)
+    getattr(draw, kind)(xy, fill=fill, outline=edge, width=width)
+
+
+def shape_mask(s: Shape) -> np.ndarray:
+    """The shape alone on the view's label canvas."""
+    m = Image.new("L", (CANVAS, CANVAS), 0)
+    _draw(ImageDraw.Draw(m), s, CANVAS, 1)
+    return np.asarray(m, dtype=bool)
+
+
+def label_mask(shapes: list[Shape]) -> np.ndarray:
+    mask = np.zeros((CANVAS, CANVAS), dtype=np.uint8)
     for k, s in enumerate(shapes, start=1):
-        _draw(d_img, s, _jitter(COLOURS[s.colour], rng))
-        _draw(d_mask, s, k)
-    return img, np.asarray(mask, dtype=np.uint8).copy()
+        mask[shape_mask(s)] = k  # later shapes are drawn on top
+    return mask
+
+
+def background(view: View, kind: str, name: str, rng: random.Random) -> Image.Image:
+    base = np.array(_jitter(BACKGROUNDS[name], rng, 10), dtype=np.float32)
+    h, w = view.height, view.width
+    if kind == "plain":
+        arr = np.broadcast_to(base, (h, w, 3)).copy()
+    elif kind == "gradient":
+        other = np.array(_jitter(BACKGROUNDS[rng.choice(list(BACKGROUNDS))], rng, 10), dtype=np.float32)
+        angle = rng.uniform(0, 2 * np.pi)
+        yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+        t = (np.cos(angle) * xx / w + np.sin(angle) * yy / h)
+        t = (t - t.min()) / max(1e-6, float(t.max() - t.min()))
+        arr = base * (1 - t[..., None]) + other * t[..., None]
+    else:  # textured: low-contrast grey noise, stripes or checks
+        np_rng = np.random.default_rng(rng.getrandbits(32))
+        style = rng.choice(("noise", "stripes", "checks"))
+        yy, xx = np.mgrid[0:h, 0:w]
+        if style == "noise":
+            pattern = np_rng.normal(0, 1, (h, w))
+        elif style == "stripes":
+            period = rng.randint(4, 14)
+            pattern = np.where(((xx + yy * rng.choice((0, 1))) // period) % 2 == 0, 1.0, -1.0)
+        else:
+            period = rng.randint(4, 14)
+            pattern = np.where(((xx // period) + (yy // period)) % 2 == 0, 1.0, -1.0)
+        arr = base + rng.uniform(6, 20) * pattern[..., None]
+    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+
+
+def render(shapes: list[Shape], view: View, bg_kind: str, bg_name: str, rng: random.Random) -> Image.Image:
+    img = background(view, bg_kind, bg_name, rng)
+    d = ImageDraw.Draw(img)
+    origin = view.to_pixels(0, 0)
+    for s in shapes:
+        fill = _jitter(COLOURS[s.colour], rng)
+        if rng.random() < 0.25:  # an outline in a darker tone, as drawing tools add
+            edge = tuple(int(c * 0.6) for c in fill)
+            _draw(d, s, view.side, fill, origin, edge, max(1, round(view.side / 60)))
+        else:
+            _draw(d, s, view.side, fill, origin)
+    return img
 
 
 def patch_blocks(mask: np.ndarray, grid: int) -> np.ndarray:
@@ -120,17 +198,35 @@ def patch_blocks(mask: np.ndarray, grid: int) -> np.ndarray:
     return mask.reshape(grid, block, grid, block).transpose(0, 2, 1, 3).reshape(grid * grid, -1)
 
 
-# ---------------------------------------------------------------- image scenes
+def centroids(mask: np.ndarray, n: int) -> list[tuple[float, float]]:
+    """Visible centre (x, y) of objects 1..n as fractions of the view."""
+    out = []
+    for k in range(1, n + 1):
+        ys, xs = np.nonzero(mask == k)
+        out.append(((xs.mean() + 0.5) / CANVAS, (ys.mean() + 0.5) / CANVAS))
+    return out
 
 
-def _place_in_quadrant(q: int, rng: random.Random) -> tuple[float, float, float]:
-    """Centre and size of a shape inside quadrant q (0 TL, 1 TR, 2 BL, 3 BR), margin kept."""
-    half = CANVAS // 2
-    size = rng.uniform(0.38, 0.78) * half
-    lo, hi = size / 2 + 3, half - size / 2 - 3
-    cx = (q % 2) * half + rng.uniform(lo, hi)
-    cy = (q // 2) * half + rng.uniform(lo, hi)
-    return cx, cy, size
+# ---------------------------------------------------------------- positions and phrases
+
+
+def horizontal(x: float) -> str | None:
+    """left / centre / right, or None in the gaps between them (no single answer there)."""
+    return "left" if x < 0.37 else "right" if x > 0.63 else "centre" if 0.42 < x < 0.58 else None
+
+
+def vertical(y: float) -> str | None:
+    return "top" if y < 0.37 else "bottom" if y > 0.63 else "centre" if 0.42 < y < 0.58 else None
+
+
+def where_phrase(h: str, v: str) -> str:
+    if h == "centre" and v == "centre":
+        return "In the centre."
+    if v == "centre":
+        return f"On the {h}."
+    if h == "centre":
+        return f"At the {v}."
+    return f"At the {v} {h}."
 
 
 def _article(word: str) -> str:
@@ -143,188 +239,305 @@ def _join(phrases: list[str]) -> str:
     return ", ".join(phrases[:-1]) + " and " + phrases[-1]
 
 
-def caption_of(shapes: list[Shape], background: str) -> str:
-    """Shapes in reading order (top row first, then left to right), then the background."""
-    ordered = sorted(shapes, key=lambda s: (s.cy >= CANVAS / 2, s.cx))
-    named = [f"{_article(s.colour)} {s.colour} {s.shape}" for s in ordered]
-    text = _join(named)
-    return f"{text[0].upper()}{text[1:]} on a {background} background."
+def _cap(text: str) -> str:
+    return text[0].upper() + text[1:]
 
 
-def _image_qas(shapes: list[Shape], background: str, rng: random.Random) -> list[QA]:
+def caption_groups(shapes: list[Shape], centres: list[tuple[float, float]]) -> list[tuple[str, str, list[int]]]:
+    """(colour, shape, object indices) per kind of shape, in left-to-right order of first appearance."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for k in sorted(range(len(shapes)), key=lambda k: centres[k][0]):
+        groups.setdefault((shapes[k].colour, shapes[k].shape), []).append(k)
+    return [(c, s, ks) for (c, s), ks in groups.items()]
+
+
+def caption_of(shapes: list[Shape], centres: list[tuple[float, float]]) -> str:
+    named = []
+    for colour, shape, ks in caption_groups(shapes, centres):
+        named.append(f"{_article(colour)} {colour} {shape}" if len(ks) == 1
+                     else f"{NUMBER_WORDS[len(ks)]} {colour} {shape}s")
+    return _cap(_join(named)) + "."
+
+
+def count_word(n: int) -> str:
+    return _cap(NUMBER_WORDS[n]) + "."
+
+
+# ---------------------------------------------------------------- image scenes
+
+
+def _colour_q(noun: str, rng: random.Random) -> str:
+    return rng.choice([
+        f"What colour is the {noun}?", f"What color is the {noun}?", f"Which colour is the {noun}?",
+        f"Tell me the colour of the {noun}.", f"What is the color of the {noun}?", f"The {noun} is what colour?",
+    ])
+
+
+def _image_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
     qas: list[QA] = []
-    shape_counts = {name: sum(s.shape == name for s in shapes) for name in SHAPES}
-    only = len(shapes) == 1
+    n = len(shapes)
+    by_shape = {name: [k for k, s in enumerate(shapes) if s.shape == name] for name in SHAPES}
+    by_colour = {c: [k for k, s in enumerate(shapes) if s.colour == c] for c in COLOURS}
+    pairs = {(s.colour, s.shape) for s in shapes}
 
     for k, s in enumerate(shapes):
-        if shape_counts[s.shape] == 1:
-            noun = "shape" if only and rng.random() < 0.4 else s.shape
-            q = rng.choice([
-                f"What colour is the {noun}?",
-                f"What color is the {noun}?",
-                f"Which colour is the {noun}?",
-                f"Tell me the colour of the {noun}.",
-                f"The {noun} is what color?",
-            ])
-            qas.append(QA(q, s.colour, "colour", about=k))
-        thing = "shape" if only and rng.random() < 0.4 else f"{s.colour} object"
-        q = rng.choice([
-            f"What shape is the {thing}?",
-            f"Which shape is {s.colour}?" if not only or rng.random() < 0.5 else "What shape is in the image?",
-            f"What kind of shape is the {thing}?",
-            f"Name the shape that is {s.colour}.",
-        ])
-        qas.append(QA(q, s.shape, "shape", about=k))
-        who = f"{s.colour} {s.shape}"
-        if rng.random() < 0.5:
-            q = rng.choice([
-                f"Is the {who} on the left or the right?",
-                f"Is the {who} on the left side or the right side?",
-                f"Which side is the {who} on, left or right?",
-                f"Left or right: where is the {who}?",
-            ])
-            qas.append(QA(q, "left" if s.cx < CANVAS / 2 else "right", "position", about=k))
-        else:
-            q = rng.choice([
-                f"Is the {who} at the top or the bottom?",
-                f"Is the {who} in the top half or the bottom half?",
-                f"Where is the {who}, top or bottom?",
-                f"Top or bottom: where is the {who}?",
-            ])
-            qas.append(QA(q, "top" if s.cy < CANVAS / 2 else "bottom", "position", about=k))
+        if len(by_shape[s.shape]) == 1:
+            noun = "shape" if n == 1 and rng.random() < 0.4 else s.shape
+            qas.append(QA(_colour_q(noun, rng), f"{_cap(s.colour)}.", "colour", about=k))
+        if len(by_colour[s.colour]) == 1:
+            if n == 1 and rng.random() < 0.4:
+                q = rng.choice(["What shape is it?", "What shape is in the picture?", "Which shape do you see?",
+                                "What is this shape?"])
+            else:
+                q = rng.choice([f"What shape is the {s.colour} object?", f"Which shape is {s.colour}?",
+                                f"What kind of shape is the {s.colour} one?", f"Name the {s.colour} shape.",
+                                f"What is the {s.colour} shape?"])
+            qas.append(QA(q, f"{_cap(_article(s.shape))} {s.shape}.", "shape", about=k))
+        who = f"{s.colour} {s.shape}" if len([t for t in shapes if (t.colour, t.shape) == (s.colour, s.shape)]) == 1 else None
+        if who is None:
+            continue
+        h, v = horizontal(centres[k][0]), vertical(centres[k][1])
+        options = []
+        if h is not None and v is not None:
+            options.append((rng.choice([f"Where is the {who}?", f"Where is the {who} in the picture?",
+                                        f"Where can I find the {who}?", f"In which part of the image is the {who}?"]),
+                            where_phrase(h, v)))
+        if h in ("left", "right"):
+            options.append((rng.choice([f"Is the {who} on the left or the right?",
+                                        f"Is the {who} on the left side or the right side?",
+                                        f"Which side is the {who} on, left or right?"]), f"On the {h}."))
+        if v in ("top", "bottom"):
+            options.append((rng.choice([f"Is the {who} at the top or the bottom?",
+                                        f"Is the {who} in the top half or the bottom half?",
+                                        f"Top or bottom: where is the {who}?"]), f"At the {v}."))
+        if options:
+            q, a = rng.choice(options)
+            qas.append(QA(q, a, "position", about=k))
 
     if rng.random() < 0.5:
-        q = rng.choice([
-            "How many shapes are there?",
-            "How many shapes are in the image?",
-            "Count the shapes.",
-            "How many objects can you see?",
-        ])
-        qas.append(QA(q, str(len(shapes)), "count"))
+        q = rng.choice(["How many shapes are there?", "How many shapes are in the image?", "Count the shapes.",
+                        "How many objects can you see?", "How many shapes do you see?",
+                        "What is the number of shapes?"])
+        qas.append(QA(q, count_word(n), "count"))
     else:
         name = rng.choice(SHAPES)
-        q = rng.choice([f"How many {name}s are there?", f"How many {name}s are in the picture?", f"Count the {name}s."])
-        qas.append(QA(q, str(shape_counts[name]), "count"))
+        q = rng.choice([f"How many {name}s are there?", f"How many {name}s are in the picture?",
+                        f"Count the {name}s.", f"How many {name}s can you see?"])
+        qas.append(QA(q, count_word(len(by_shape[name])), "count"))
 
-    q = rng.choice([
-        "Describe the image in one sentence.",
-        "What is in the image?",
-        "Write a short caption for this picture.",
-        "Describe what you see.",
-        "Give a one-sentence description of the image.",
-    ])
-    qas.append(QA(q, caption_of(shapes, background), "caption"))
+    # yes/no, half of them true
+    if rng.random() < 0.5:
+        k = rng.randrange(n)
+        colour, shape = shapes[k].colour, shapes[k].shape
+        answer, about = "Yes.", k
+    else:
+        absent = [(c, s) for c in COLOURS for s in SHAPES if (c, s) not in pairs]
+        colour, shape = rng.choice(absent)
+        answer, about = "No.", None
+    form = rng.random()
+    if form < 0.5:
+        q = rng.choice([f"Is there {_article(colour)} {colour} {shape}?", f"Do you see {_article(colour)} {colour} {shape}?",
+                        f"Is there {_article(colour)} {colour} {shape} in the picture?"])
+    elif form < 0.75:
+        present = bool(by_shape[shape])
+        answer, about = ("Yes.", by_shape[shape][0]) if present else ("No.", None)
+        q = rng.choice([f"Is there {_article(shape)} {shape}?", f"Are there any {shape}s?", f"Can you see {_article(shape)} {shape}?"])
+    else:
+        present = bool(by_colour[colour])
+        answer, about = ("Yes.", by_colour[colour][0]) if present else ("No.", None)
+        q = rng.choice([f"Is there anything {colour}?", f"Is there {_article(colour)} {colour} shape?",
+                        f"Do you see something {colour}?"])
+    qas.append(QA(q, answer, "exists", about=about))
+
+    q = rng.choice(["Describe the image in one sentence.", "What is in the image?", "Write a short caption for this picture.",
+                    "Describe what you see.", "What do you see?", "What is in this picture?"])
+    qas.append(QA(q, caption_of(shapes, centres), "caption"))
     return qas
 
 
+def _sizes(n: int, rng: random.Random) -> list[float]:
+    top = {1: 0.92, 2: 0.6, 3: 0.48, 4: 0.42}[n]
+    return [rng.uniform(0.16, top) for _ in range(n)]
+
+
+def place_shapes(n: int, rng: random.Random, colours: list[str]) -> tuple[list[Shape], np.ndarray] | None:
+    """n shapes anywhere in the view, each keeping MIN_VISIBLE of itself; None when no fit was found."""
+    for _ in range(30):
+        shapes = []
+        for colour, size in zip(colours, _sizes(n, rng)):
+            h = size / 2 + 0.02
+            shapes.append(Shape(rng.choice(SHAPES), colour, rng.uniform(h, 1 - h), rng.uniform(h, 1 - h), size))
+        mask = label_mask(shapes)
+        if all((mask == k + 1).sum() >= MIN_VISIBLE * shape_mask(s).sum() for k, s in enumerate(shapes)):
+            return shapes, mask
+    return None
+
+
+def _colours(n: int, rng: random.Random) -> list[str]:
+    if n > 1 and rng.random() < 0.25:  # sometimes a colour repeats: "two red circles"
+        return [rng.choice(list(COLOURS)) for _ in range(n)]
+    return rng.sample(list(COLOURS), n)
+
+
 def image_scene(rng: random.Random) -> Scene:
-    n = rng.choice((1, 2, 2, 3, 3))
-    quadrants = rng.sample(range(4), n)
-    colours = rng.sample(list(COLOURS), n)  # distinct, so "the red object" always names one shape
-    shapes = []
-    for q, colour in zip(quadrants, colours):
-        cx, cy, size = _place_in_quadrant(q, rng)
-        shapes.append(Shape(rng.choice(SHAPES), colour, cx, cy, size))
-    background = rng.choice(list(BACKGROUNDS))
-    img, mask = render(shapes, background, rng)
-    return Scene([img], [mask], [shapes], background, _image_qas(shapes, background, rng))
+    while True:
+        n = rng.choice((1, 1, 2, 2, 3, 3, 4))
+        placed = place_shapes(n, rng, _colours(n, rng))
+        if placed is not None:
+            break
+    shapes, mask = placed
+    view = View(*rng.choice(PICTURE_SIZES))
+    bg_kind, bg_name = rng.choice(BACKGROUND_KINDS), rng.choice(list(BACKGROUNDS))
+    img = render(shapes, view, bg_kind, bg_name, rng)
+    centres = centroids(mask, n)
+    return Scene([img], [mask], [shapes], bg_name, _image_qas(shapes, centres, rng))
+
+
+# ---------------------------------------------------------------- out-of-world pictures
+
+
+def outside_picture(kind: str, view: View, rng: random.Random) -> Image.Image:
+    np_rng = np.random.default_rng(rng.getrandbits(32))
+    h, w = view.height, view.width
+    if kind == "noise":
+        arr = np_rng.integers(0, 256, (h, w, 3))
+        if rng.random() < 0.5:
+            arr = np.repeat(arr[..., :1], 3, axis=2)
+        return Image.fromarray(arr.astype(np.uint8))
+    if kind == "blank":
+        rgb = _jitter(rng.choice([*BACKGROUNDS.values(), *COLOURS.values()]), rng, 25)
+        return Image.new("RGB", (w, h), rgb)
+    # photo-like: smooth colour fields at a few scales, a horizon-like gradient, fine grain
+    img = np.zeros((h, w, 3), dtype=np.float32)
+    for cells, weight in ((rng.randint(2, 4), 1.0), (rng.randint(5, 12), 0.5)):
+        small = Image.fromarray(np_rng.integers(0, 256, (cells, cells, 3)).astype(np.uint8))
+        img += weight * np.asarray(small.resize((w, h), Image.BICUBIC), dtype=np.float32)
+    img /= 1.5
+    img += np.linspace(rng.uniform(-40, 40), rng.uniform(-40, 40), h, dtype=np.float32)[:, None, None]
+    img += np_rng.normal(0, rng.uniform(2, 12), (h, w, 1))
+    out = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
+    return out.filter(ImageFilter.GaussianBlur(rng.uniform(0, 1.5)))
+
+
+def outside_scene(rng: random.Random, kind: str | None = None) -> Scene:
+    """A picture with no known shape; any question about it gets CANNOT_TELL."""
+    kind = kind or rng.choice(OUTSIDE_KINDS)
+    if kind not in OUTSIDE_KINDS:
+        raise ValueError(f"kind must be one of {OUTSIDE_KINDS}, got {kind!r}")
+    view = View(*rng.choice(PICTURE_SIZES))
+    img = outside_picture(kind, view, rng)
+    # Ask what would be asked of a real scene: the same phrasings, none of them answerable here.
+    a, b = rng.sample(list(COLOURS), 2)
+    pretend_shapes = [Shape(rng.choice(SHAPES), a, 0.3, 0.3, 0.3), Shape(rng.choice(SHAPES), b, 0.7, 0.7, 0.3)]
+    pretend = _image_qas(pretend_shapes, [(0.3, 0.3), (0.7, 0.7)], rng)
+    qas = [QA(q.question, CANNOT_TELL, OUTSIDE_QTYPE) for q in rng.sample(pretend, 3)]
+    return Scene([img], [np.zeros((CANVAS, CANVAS), np.uint8)], [[]], kind, qas)
 
 
 # ---------------------------------------------------------------- video scenes
 
 
-def _video_qas(kind: str, shape: str, first: str, last: str, direction: str | None, rng: random.Random) -> list[QA]:
-    qas = [
-        QA(rng.choice([
-            "What shape appears in the video?",
-            "Which shape do you see in the video?",
-            "What appears in this video?",
-            "What kind of shape is shown in the clip?",
-        ]), shape, "appears"),
-        QA(rng.choice([
-            f"What colour is the {shape} at the start?",
-            "What color is the shape in the first frame?",
-            f"What colour is the {shape} at the beginning of the video?",
-            "Which colour does the shape have at first?",
-        ]), first, "first_colour"),
-        QA(rng.choice([
-            f"What colour is the {shape} at the end?",
-            "What color is the shape in the last frame?",
-            f"What colour is the {shape} at the end of the video?",
-            "Which colour does the shape have at the end?",
-        ]), last, "last_colour"),
-    ]
+def _video_qas(kind: str, shape: str, first: str | None, last: str | None, direction: str | None,
+               rng: random.Random) -> list[QA]:
+    qas = [QA(rng.choice(["What shape appears in the video?", "Which shape do you see in the video?",
+                          "What shape is in this clip?", "What kind of shape is shown in the clip?"]),
+              f"{_cap(_article(shape))} {shape}.", "appears")]
+    if first is not None:
+        qas.append(QA(rng.choice([f"What colour is the {shape} at the start?", "What color is the shape in the first frame?",
+                                  f"What colour is the {shape} at the beginning of the video?",
+                                  "Which colour does the shape have at first?"]), f"{_cap(first)}.", "first_colour"))
+    if last is not None:
+        qas.append(QA(rng.choice([f"What colour is the {shape} at the end?", "What color is the shape in the last frame?",
+                                  f"What colour is the {shape} at the end of the video?",
+                                  "Which colour does the shape have at the end?"]), f"{_cap(last)}.", "last_colour"))
     if direction is not None:
-        qas.append(QA(rng.choice([
-            f"Which way does the {shape} move?",
-            "In which direction does the shape move?",
-            f"Does the {shape} move left, right, up or down?",
-            "Where is the shape moving?",
-        ]), direction, "direction"))
+        qas.append(QA(rng.choice([f"Which way does the {shape} move?", "In which direction does the shape move?",
+                                  f"Where does the {shape} go?", "Which direction is the shape moving in?"]),
+                      f"{_cap(direction)}.", "direction"))
+    event = {
+        "move": f"It moves {direction}.",
+        "recolour": f"It changes from {first} to {last}.",
+        "appear": "It appears.",
+        "disappear": "It disappears.",
+    }[kind]
+    qas.append(QA(rng.choice(["What happens in the video?", f"What does the {shape} do?",
+                              "What happens to the shape?", "Describe what happens."]), event, "event"))
     return qas
 
 
 def video_scene(rng: random.Random, n_frames: int | None = None, kind: str | None = None) -> Scene:
-    """`kind` is "move" or "recolour"; None draws one (half each)."""
+    """`kind` is one of VIDEO_KINDS; None draws one."""
     n = n_frames if n_frames is not None else rng.randint(4, 8)
     if not 2 <= n <= 16:
         raise ValueError(f"n_frames must be between 2 and 16, got {n}")
+    kind = kind if kind is not None else rng.choice(("move", "move", "recolour", "appear", "disappear"))
+    if kind not in VIDEO_KINDS:
+        raise ValueError(f"kind must be one of {VIDEO_KINDS}, got {kind!r}")
     shape = rng.choice(SHAPES)
-    background = rng.choice(list(BACKGROUNDS))
-    size = rng.uniform(0.22, 0.36) * CANVAS
-    margin = size / 2 + 3
-    if kind is None:
-        kind = rng.choice(("move", "recolour"))
-    elif kind not in ("move", "recolour"):
-        raise ValueError(f"kind must be 'move' or 'recolour', got {kind!r}")
+    view = View(*rng.choice(PICTURE_SIZES))
+    bg_kind, bg_name = rng.choice(BACKGROUND_KINDS), rng.choice(list(BACKGROUNDS))
+    size = rng.uniform(0.18, 0.34)
+    lo, hi = size / 2 + 0.02, 1 - size / 2 - 0.02
+    first = last = rng.choice(list(COLOURS))
+    direction = None
+    present = [True] * n
+    colours = [first] * n
     if kind == "move":
-        first = last = rng.choice(list(COLOURS))
-        direction = rng.choice(DIRECTIONS)
-        start, end = rng.uniform(margin, margin + 10), rng.uniform(CANVAS - margin - 10, CANVAS - margin)
-        if direction in ("left", "up"):
-            start, end = CANVAS - start, CANVAS - end
-        other = rng.uniform(margin, CANVAS - margin)
-        path = [start + (end - start) * t / (n - 1) for t in range(n)]
-        centres = [(p, other) if direction in ("left", "right") else (other, p) for p in path]
-        colours = [first] * n
+        direction = rng.choice(list(DIRECTIONS))
+        dx, dy = DIRECTIONS[direction]
+
+        def ends(d: int) -> tuple[float, float]:
+            if d == 0:
+                c = rng.uniform(lo, hi)
+                return c, c
+            a, b = rng.uniform(lo, lo + 0.1), rng.uniform(hi - 0.1, hi)
+            return (a, b) if d > 0 else (b, a)
+
+        (x0, x1), (y0, y1) = ends(dx), ends(dy)
+        centres = [(x0 + (x1 - x0) * t / (n - 1), y0 + (y1 - y0) * t / (n - 1)) for t in range(n)]
     else:
-        first, last = rng.sample(list(COLOURS), 2)
-        direction = None
-        cx, cy = rng.uniform(margin, CANVAS - margin), rng.uniform(margin, CANVAS - margin)
-        centres = [(cx, cy)] * n
+        c = (rng.uniform(lo, hi), rng.uniform(lo, hi))
+        centres = [c] * n
         switch = rng.randint(max(1, n // 2 - 1), min(n - 1, n // 2 + 1))
-        colours = [first if i < switch else last for i in range(n)]
+        if kind == "recolour":
+            first, last = rng.sample(list(COLOURS), 2)
+            colours = [first if i < switch else last for i in range(n)]
+        elif kind == "appear":
+            present = [i >= switch for i in range(n)]
+            first = None
+        else:
+            present = [i < switch for i in range(n)]
+            last = None
 
     frames, masks, objects = [], [], []
-    frame_rng = random.Random(rng.random())  # same jitter every frame: only the motion/colour changes
+    frame_rng = random.Random(rng.random())  # same background and jitter every frame: only the shape changes
     state = frame_rng.getstate()
-    for (cx, cy), colour in zip(centres, colours):
+    for (cx, cy), colour, here in zip(centres, colours, present):
         frame_rng.setstate(state)
-        shapes = [Shape(shape, colour, cx, cy, size)]
-        img, mask = render(shapes, background, frame_rng)
-        frames.append(img)
-        masks.append(mask)
+        shapes = [Shape(shape, colour, cx, cy, size)] if here else []
+        frames.append(render(shapes, view, bg_kind, bg_name, frame_rng))
+        masks.append(label_mask(shapes))
         objects.append(shapes)
-    return Scene(frames, masks, objects, background, _video_qas(kind, shape, first, last, direction, rng))
+    return Scene(frames, masks, objects, bg_name, _video_qas(kind, shape, first, last, direction, rng))
 
 
 # ---------------------------------------------------------------- datasets
 
 
-def scenes(seed: int, video_fraction: float = 0.0):
-    """Endless stream of scenes; a video with probability `video_fraction`."""
-    rng = random.Random(seed)
-    while True:
-        yield video_scene(rng) if rng.random() < video_fraction else image_scene(rng)
-
-
 def samples(n: int, seed: int, kind: str = "image") -> list[Sample]:
-    """`n` single-question samples with question types in equal shares (round-robin)."""
-    if kind not in ("image", "video"):
-        raise ValueError(f"kind must be 'image' or 'video', got {kind!r}")
-    qtypes = IMAGE_QTYPES if kind == "image" else VIDEO_QTYPES
+    """`n` single-question samples with question types in equal shares (round-robin); kind "outside"
+    draws out-of-world pictures."""
+    if kind not in ("image", "video", "outside"):
+        raise ValueError(f"kind must be 'image', 'video' or 'outside', got {kind!r}")
     rng = random.Random(seed)
     out: list[Sample] = []
+    if kind == "outside":
+        for i in range(n):
+            scene = outside_scene(rng, OUTSIDE_KINDS[i % len(OUTSIDE_KINDS)])
+            qa = rng.choice(scene.qas)
+            out.append(Sample(scene.frames, qa.question, qa.answer, qa.qtype))
+        return out
+    qtypes = IMAGE_QTYPES if kind == "image" else VIDEO_QTYPES
     while len(out) < n:
         want = qtypes[len(out) % len(qtypes)]
         scene = image_scene(rng) if kind == "image" else video_scene(rng)

@@ -2,8 +2,11 @@
 
 The English side is what any Python install carries: the docstrings of the standard library and the
 licence texts under /usr/share/common-licenses, so chat prompts that are not about shapes still
-tokenize into sensible pieces. The chat template (model/checkpoint_tools.py, LLaVA-1.5) is stored
-with the tokenizer.
+tokenize into sensible pieces. The chat template is LLaVA-1.5's (model/checkpoint_tools.py) with
+one change: the generation prompt ends "ASSISTANT: " (with the space), and answers are tokenized
+on their own after it, so the first answer token is a bare word ("Red") and decoded answers carry
+no leading space. The scene corpus therefore holds answers as separate texts, which gives the
+vocabulary whole-word tokens for them at the start of a text.
 """
 
 from __future__ import annotations
@@ -17,10 +20,15 @@ from transformers import PreTrainedTokenizerFast
 
 from vlserve.builtin import scenes
 from vlserve.model.bpe import train_byte_level_bpe
-from vlserve.model.checkpoint_tools import BOS, EOS, IMAGE_TOKEN, PAD, llava_tokenizer
+from vlserve.model.checkpoint_tools import BOS, EOS, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, PAD, llava_tokenizer
 
 IMAGE = IMAGE_TOKEN
 SPECIAL_TOKENS = [BOS, EOS, PAD, IMAGE]
+GENERATION_PROMPT = "ASSISTANT: "
+_LLAVA_GENERATION = "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+assert _LLAVA_GENERATION in LLAVA_CHAT_TEMPLATE, "LLaVA-1.5 template changed: update the built-in one"
+BUILTIN_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE.replace(
+    _LLAVA_GENERATION, "{% if add_generation_prompt %}" + GENERATION_PROMPT + "{% endif %}")
 
 
 def english_corpus(max_chars: int = 3_000_000) -> list[str]:
@@ -52,18 +60,21 @@ def english_corpus(max_chars: int = 3_000_000) -> list[str]:
 
 
 def scene_corpus(n: int, seed: int) -> list[str]:
-    """Rendered chat turns about generated scenes, so questions and answers get whole-word tokens."""
+    """Prompts about generated scenes and, as separate texts, their answers (as they are tokenized)."""
     rng = random.Random(seed)
-    out = []
+    out = [scenes.CANNOT_TELL]
     for i in range(n):
         scene = scenes.video_scene(rng) if i % 4 == 0 else scenes.image_scene(rng)
-        out += [f"USER: {IMAGE}\n{qa.question} ASSISTANT: {qa.answer}{EOS}" for qa in scene.qas]
+        for qa in scene.qas:
+            out += [f"USER: {IMAGE}\n{qa.question} {GENERATION_PROMPT}", qa.answer + EOS]
     return out
 
 
 def train_tokenizer(vocab_size: int = 3000, seed: int = 0) -> PreTrainedTokenizerFast:
     tok = train_byte_level_bpe(english_corpus() + scene_corpus(3000, seed), vocab_size, SPECIAL_TOKENS)
-    return llava_tokenizer(tok, 2048, unk=False, clean_up_tokenization_spaces=False)
+    fast = llava_tokenizer(tok, 2048, unk=False, clean_up_tokenization_spaces=False)
+    fast.chat_template = BUILTIN_CHAT_TEMPLATE
+    return fast
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Train the built-in LLaVA-format model from scratch on generated scenes, on a CPU.
 
-    python -m vlserve.builtin.train --out vlserve/builtin_model --seed 0 --minutes 80   # the committed run
+    python -m vlserve.builtin.train --out DIR --seed 0 --minutes 80          # from scratch
+    python -m vlserve.builtin.train --out DIR --init vlserve/builtin_model --minutes 60   # warm start
     python -m vlserve.builtin.train --out DIR --seed 0 --steps N    # a fixed length, fully deterministic
 
 The model is transformers' `LlavaForConditionalGeneration` (CLIP vision tower, two-layer MLP
@@ -11,7 +12,9 @@ and 128 for an 8-frame video. Training adds four things that are not saved:
 - a curriculum: the vision tower and projector first learn the per-patch targets below on their own
   (`--vision-warmup` steps), then the whole model trains on answers plus those targets;
 - an auxiliary head on the projector's output that predicts, for every patch, the shape and colour
-  under it and the patch's row and column, so the image tokens carry what the questions ask about;
+  under it, the patch's row and column, and which shape (if any) has its visible centre there (one
+  mark per shape, so the mean over patches is a count), so the image tokens carry what the questions
+  ask about;
 - attention supervision (attention_targets.py): two heads of one decoder layer are told which
   patches (and frames) answer the question, and one head of the layer below which question words
   name the thing asked about; this is what taught the decoder to bind a colour to a named shape;
@@ -20,7 +23,13 @@ and 128 for an 8-frame video. Training adds four things that are not saved:
   counting, and two moving shapes for every colour change among the training videos.
 
 Each sequence holds one to four question/answer turns about the same scene, which amortises the image
-tokens; the loss covers answer tokens only. With `--steps` the run is deterministic from its
+tokens; the loss covers answer tokens only. Most prompts end with the chat template's "ASSISTANT: "
+and the answer follows as its own tokens (no leading space); RAW_PROMPT_SHARE of them end with a
+bare "ASSISTANT:" and the answer carries the space, so raw prompts written by hand still work.
+
+`--init DIR` starts from an earlier checkpoint of the same shape: every weight is copied, and each
+token of the new vocabulary starts from the old embedding (and output row) of the same text, or of
+the same word with a leading space, or the mean of the old pieces it splits into. With `--steps` the run is deterministic from its
 seed; with `--minutes` the step count is fixed after timing the first steps and written to the log.
 """
 
@@ -60,13 +69,16 @@ from vlserve.model.checkpoint_tools import clip_image_processor_kwargs
 IMAGE_SIZE = 64
 
 QTYPE_WEIGHT = {
-    "colour": 1.0, "shape": 1.0, "count": 1.0, "position": 2.0, "caption": 1.0,
-    "direction": 3.0, "first_colour": 2.0, "last_colour": 2.0, "appears": 1.0,
+    "colour": 1.0, "shape": 1.0, "count": 2.0, "position": 2.0, "exists": 1.0, "caption": 1.0,
+    "direction": 3.0, "first_colour": 2.0, "last_colour": 2.0, "appears": 1.0, "event": 2.0,
+    scenes.OUTSIDE_QTYPE: 1.0,
 }
 MULTI_OBJECT_BOOST = 2.0  # colour/shape of one shape among several: the binding case
 # How much likelier a question type is to be among a sequence's turns: direction exists only for
 # half of the videos and counting has no attention target, so both would otherwise be rarely seen.
-TURN_PRIORITY = {"direction": 4.0, "count": 2.0}
+TURN_PRIORITY = {"direction": 3.0, "count": 2.0, "position": 1.5}
+RAW_PROMPT_SHARE = 0.15
+OUTSIDE_SHARE = 0.12  # of the scenes in an image batch: pictures with no known shape
 
 
 @dataclass
@@ -88,6 +100,7 @@ class TrainArgs:
     vision_warmup: int = 1500  # aux-only steps on vision tower + projector before the decoder joins
     patch: int = 16
     text_layers: int = 4
+    init: str | None = None  # an earlier checkpoint to start from
 
 
 # ---------------------------------------------------------------- model and processor
@@ -152,6 +165,34 @@ def save_checkpoint(model, tokenizer, image_processor, out: Path, logs: list[Pat
         tmp.rename(out)
 
 
+def warm_start(model, tokenizer, init: Path) -> None:
+    """Copy an earlier checkpoint of the same shape into `model`; rows of the (possibly new)
+    vocabulary start from the old rows of the same text (see the module docstring)."""
+    from transformers import AutoTokenizer
+
+    old = LlavaForConditionalGeneration.from_pretrained(init)
+    old_tok = AutoTokenizer.from_pretrained(init)
+    vocab_keys = {"model.language_model.embed_tokens.weight", "lm_head.weight"}
+    state = {k: v for k, v in old.state_dict().items() if k not in vocab_keys}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert set(missing) == vocab_keys and not unexpected, (missing, unexpected)
+    old_vocab = old_tok.get_vocab()
+    rows = []
+    for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
+        if token in old_vocab:
+            rows.append([old_vocab[token]])
+        elif "\u0120" + token in old_vocab:  # "red" starts from " red"
+            rows.append([old_vocab["\u0120" + token]])
+        else:
+            text = tokenizer.convert_tokens_to_string([token])
+            rows.append(old_tok(text, add_special_tokens=False).input_ids or [old_tok.pad_token_id])
+    with torch.no_grad():
+        for name, new_w, old_w in (("embed", model.get_input_embeddings().weight, old.get_input_embeddings().weight),
+                                   ("head", model.lm_head.weight, old.lm_head.weight)):
+            for i, ids in enumerate(rows):
+                new_w[i] = old_w[ids].mean(0)
+
+
 # ---------------------------------------------------------------- batches
 
 
@@ -161,13 +202,14 @@ class Batch:
     attention_mask: torch.Tensor  # [B, T]
     target_weight: torch.Tensor  # [B, T] weight of predicting input_ids[:, t] (0 = not a target)
     pixel_values: torch.Tensor  # [n_images, 3, H, W], in order of their <image> runs
-    patch_targets: torch.Tensor  # [n_images, grid*grid, 4]: shape, colour, row, col
+    patch_targets: torch.Tensor  # [n_images, grid*grid, 5]: shape, colour, row, col, centre's shape
     qtypes: list[list[tuple[str, int, int]]]  # per sequence: (qtype, start, end) of each answer span
     attention: AttentionBatch
 
 
 def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
-    """Per frame and patch: (shape id, colour id, row, col); ids 0 = background."""
+    """Per frame and patch: (shape id, colour id, row, col, shape id of the object whose visible
+    centre is in the patch); ids 0 = background / none."""
     block = scenes.CANVAS // grid
     rows, cols = np.divmod(np.arange(grid * grid), grid)
     out = []
@@ -176,10 +218,13 @@ def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
         counts = np.stack([(blocks == k).sum(1) for k in range(len(objects) + 1)], axis=1)
         counts[:, 0] = 0
         owner = counts.argmax(1)
-        owner[counts.max(1) < block * block // 4] = 0
+        owner[counts.max(1) < block * block // 16] = 0
         shape_id = np.array([0] + [scenes.SHAPES.index(o.shape) + 1 for o in objects])[owner]
         colour_id = np.array([0] + [list(scenes.COLOURS).index(o.colour) + 1 for o in objects])[owner]
-        out.append(np.stack([shape_id, colour_id, rows, cols], axis=1))
+        centre = np.zeros(grid * grid, dtype=np.int64)
+        for o, (x, y) in zip(objects, scenes.centroids(mask, len(objects))):
+            centre[min(grid - 1, int(y * grid)) * grid + min(grid - 1, int(x * grid))] = scenes.SHAPES.index(o.shape) + 1
+        out.append(np.stack([shape_id, colour_id, rows, cols, centre], axis=1))
     return np.stack(out)
 
 
@@ -202,17 +247,20 @@ class BatchMaker:
             prompt = self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
             if i > 0:
                 prompt = prompt[len(self.tok.bos_token):]
+            prefix = ""
+            if self.rng.random() < RAW_PROMPT_SHARE and prompt.endswith(" "):
+                prompt, prefix = prompt[:-1], " "  # a hand-written "... ASSISTANT:" prompt
             enc = self.tok(prompt, add_special_tokens=False, return_offsets_mapping=True)
             p_ids, p_offsets = self._expand_images(enc.input_ids, enc.offset_mapping)
             if i == 0:
                 image_positions = [pos for pos, t in enumerate(p_ids) if t == self.image_token_id]
-            a_enc = self.tok(" " + qa.answer + self.tok.eos_token, add_special_tokens=False,
+            a_enc = self.tok(prefix + qa.answer + self.tok.eos_token, add_special_tokens=False,
                              return_offsets_mapping=True)
             a_ids = a_enc.input_ids
             w = QTYPE_WEIGHT[qa.qtype]
             if qa.qtype in ("colour", "shape") and n_objects > 1:
                 w *= MULTI_OBJECT_BOOST
-            turn = Turn(prompt, p_offsets, len(ids), a_enc.offset_mapping, len(ids) + len(p_ids))
+            turn = Turn(prompt, p_offsets, len(ids), a_enc.offset_mapping, len(ids) + len(p_ids), prefix)
             targets += turn_targets(scene, qa, turn, image_positions, self.grid)
             ids += p_ids
             weights += [0.0] * len(p_ids)
@@ -273,17 +321,19 @@ class AuxHead(nn.Module):
 
     def __init__(self, hidden: int, grid: int):
         super().__init__()
-        self.sizes = (len(scenes.SHAPES) + 1, len(scenes.COLOURS) + 1, grid, grid)
+        self.sizes = (len(scenes.SHAPES) + 1, len(scenes.COLOURS) + 1, grid, grid, len(scenes.SHAPES) + 1)
         self.proj = nn.Linear(hidden, sum(self.sizes))
 
     def loss(self, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.proj(feats).split(self.sizes, dim=-1)
         # Most patches are background; weight object patches up so shape is learned, not just "empty".
         w = torch.where(targets[..., 0] > 0, 1.0, 0.2).reshape(-1)
+        w_centre = torch.where(targets[..., 4] > 0, 1.0, 0.1).reshape(-1)  # centres are rarer still
         total = 0.0
         for i, l in enumerate(logits):
             ce = F.cross_entropy(l.reshape(-1, l.shape[-1]), targets[..., i].reshape(-1), reduction="none")
-            total = total + ((ce * w).sum() / w.sum() if i < 2 else 0.5 * ce.mean())
+            wi = w if i < 2 else w_centre if i == 4 else None
+            total = total + ((ce * wi).sum() / wi.sum() if wi is not None else 0.5 * ce.mean())
         return total
 
 
@@ -361,13 +411,15 @@ def lr_at(step: int, total: int, args: TrainArgs) -> float:
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def eval_batches(maker: BatchMaker, seed: int, n_images: int = 200, n_videos: int = 120) -> list[Batch]:
+def eval_batches(maker: BatchMaker, seed: int, n_images: int = 200, n_videos: int = 120,
+                 n_outside: int = 30) -> list[Batch]:
     """Held-out single-question batches (a seed the training stream never uses)."""
     rng = random.Random(seed)
     out = []
     image_scenes = [scenes.image_scene(rng) for _ in range(n_images)]
     for i in range(0, n_images, 50):
         out.append(maker.make(image_scenes[i: i + 50], max_turns=1, priority=False))
+    out.append(maker.make([scenes.outside_scene(rng) for _ in range(n_outside)], max_turns=1, priority=False))
     for n_frames in (4, 8):
         vids = [scenes.video_scene(rng, n_frames) for _ in range(n_videos // 2)]
         for i in range(0, len(vids), 30):
@@ -382,7 +434,7 @@ def aux_accuracy(model, aux: AuxHead, batch: Batch) -> dict[str, tuple[int, int]
     preds = [l.argmax(-1) for l in aux.proj(feats).split(aux.sizes, dim=-1)]
     on_object = batch.patch_targets[..., 0] > 0
     out = {}
-    for i, name in enumerate(("aux_shape", "aux_colour", "aux_row", "aux_col")):
+    for i, name in enumerate(("aux_shape", "aux_colour", "aux_row", "aux_col", "aux_centre")):
         hit = preds[i] == batch.patch_targets[..., i]
         sel = on_object if i < 2 else torch.ones_like(on_object)
         out[name] = (int(hit[sel].sum()), int(sel.sum()))
@@ -404,6 +456,10 @@ def evaluate_batches(model, batches: list[Batch], aux: AuxHead | None = None) ->
     return {k: c / n for k, (c, n) in sorted(tally.items())}
 
 
+def image_or_outside(rng: random.Random) -> scenes.Scene:
+    return scenes.outside_scene(rng) if rng.random() < OUTSIDE_SHARE else scenes.image_scene(rng)
+
+
 def vision_warmup(model, aux: AuxHead, maker: BatchMaker, args: TrainArgs, rng: random.Random) -> None:
     """Curriculum stage 1: teach the vision tower and projector the per-patch targets alone. With the
     answer loss from the start, its large noisy gradient drowns the auxiliary one and shape is learned
@@ -416,7 +472,7 @@ def vision_warmup(model, aux: AuxHead, maker: BatchMaker, args: TrainArgs, rng: 
     for step in tqdm(range(args.vision_warmup), desc="vision warm-up", dynamic_ncols=True):
         for g in opt.param_groups:
             g["lr"] = args.lr * min(1.0, (step + 1) / 100)
-        sc = [scenes.image_scene(rng) for _ in range(32)]
+        sc = [image_or_outside(rng) for _ in range(32)]
         pixels = maker.proc([s.frames[0] for s in sc], return_tensors="pt")["pixel_values"]
         targets = torch.from_numpy(np.concatenate([patch_targets(s, maker.grid) for s in sc])).long()
         loss = aux.loss(image_features(model, pixels), targets)
@@ -437,6 +493,8 @@ def train(args: TrainArgs) -> None:
     tokenizer = train_tokenizer(seed=args.seed)
     processor = build_image_processor()
     model = build_model(tokenizer, args.patch, args.text_layers)
+    if args.init:
+        warm_start(model, tokenizer, Path(args.init))
     model.set_attn_implementation("eager")  # attention probabilities for the supervision loss
     model.train()
     grid = IMAGE_SIZE // args.patch
@@ -455,10 +513,8 @@ def train(args: TrainArgs) -> None:
     def next_batch(step: int) -> Batch:
         if step % args.video_every == args.video_every - 1:
             n_frames = data_rng.randint(4, 8)
-            # Two moving shapes for every colour change: direction is the harder question.
-            kinds = [data_rng.choice(("move", "move", "recolour")) for _ in range(args.batch_videos)]
-            return maker.make([scenes.video_scene(data_rng, n_frames, kind) for kind in kinds])
-        return maker.make([scenes.image_scene(data_rng) for _ in range(args.batch_images)])
+            return maker.make([scenes.video_scene(data_rng, n_frames) for _ in range(args.batch_videos)])
+        return maker.make([image_or_outside(data_rng) for _ in range(args.batch_images)])
 
     vision_warmup(model, aux, maker, args, random.Random(args.seed + 1))
     total = args.steps or 10 ** 9
@@ -528,12 +584,13 @@ def main() -> None:
     p.add_argument("--patch", type=int, default=16, help="vision patch size (64 px images)")
     p.add_argument("--vision-warmup", type=int, default=1500, help="aux-only steps before the decoder trains")
     p.add_argument("--text-layers", type=int, default=4)
+    p.add_argument("--init", default=None, help="start from this checkpoint (same model shape)")
     a = p.parse_args()
     if (a.steps is None) == (a.minutes is None):
         p.error("give exactly one of --steps or --minutes")
     train(TrainArgs(out=a.out, seed=a.seed, steps=a.steps, minutes=a.minutes, threads=a.threads, lr=a.lr,
                     aux_weight=a.aux_weight, attn_weight=a.attn_weight, eval_every=a.eval_every, patch=a.patch,
-                    vision_warmup=a.vision_warmup, text_layers=a.text_layers))
+                    vision_warmup=a.vision_warmup, text_layers=a.text_layers, init=a.init))
 
 
 if __name__ == "__main__":
