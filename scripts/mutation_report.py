@@ -74,6 +74,12 @@ EQUIVALENT = [
      "the placeholder for no partly used page, which alloc_extend never reads"),
     ("vlserve/scheduler/cache_manager.py", "self.rows.read(req.req_row, 0, aligned)",
      "self.rows.read(req.req_row, None, aligned)", "a slice from None starts at 0"),
+    ("vlserve/constrained/state.py", "self.eos_accepted = False", "self.eos_accepted = None",
+     "None is falsy like False; every reader (advance, fill_allowed_mask, is_terminated's `or`) tests it by truth value"),
+    ("vlserve/constrained/state.py", "if nxt is None or byte_state is None:", "if nxt is None and byte_state is None:",
+     "the token and byte automata come from one regex and share state ids; next_state returns only live states, "
+     "which the byte DFA reaches by the same bytes, and both refuse special and out-of-table ids: both are None "
+     "together (only an outlines-core bug could split them)"),
     ("vlserve/scheduler/prefill.py", 'raise OutOfSlots(f"need {need} slots")', "raise OutOfSlots(None)",
      "caught by the `except OutOfSlots` around it, which never reads the message"),
 ]
