@@ -74,6 +74,20 @@ EQUIVALENT = [
      "the placeholder for no partly used page, which alloc_extend never reads"),
     ("vlserve/scheduler/cache_manager.py", "self.rows.read(req.req_row, 0, aligned)",
      "self.rows.read(req.req_row, None, aligned)", "a slice from None starts at 0"),
+    ("vlserve/constrained/state.py", "self.eos_accepted = False", "self.eos_accepted = None",
+     "None is falsy like False; every reader (advance, fill_allowed_mask, is_terminated's `or`) tests it by truth value"),
+    ("vlserve/constrained/state.py", "if nxt is None or byte_state is None:", "if nxt is None and byte_state is None:",
+     "the token and byte automata come from one regex and share state ids; next_state returns only live states, "
+     "which the byte DFA reaches by the same bytes, and both refuse special and out-of-table ids: both are None "
+     "together (only an outlines-core bug could split them)"),
+    # propose_jump's `full` is old + forced bytes, a walk of the byte DFA, which reads only valid UTF-8 (a regex over
+    # characters) from a window that starts on a character boundary: at most an incomplete last character is cut
+    ("vlserve/constrained/jump_forward.py", "if full is None or len(full)", "if full is None and len(full)",
+     "full is never None (see above); a `full` no longer than the old text goes on to _stable_prefix, which keeps "
+     "nothing that ends at or before the old text (returns 0): None either way"),
+    ("vlserve/constrained/jump_forward.py", "len(full) <= len(old)", "len(full) < len(old)",
+     "at equality the tail spells only the old text, and _stable_prefix keeps nothing that ends at or before it "
+     "(returns 0): None either way"),
     ("vlserve/scheduler/prefill.py", 'raise OutOfSlots(f"need {need} slots")', "raise OutOfSlots(None)",
      "caught by the `except OutOfSlots` around it, which never reads the message"),
 ]
