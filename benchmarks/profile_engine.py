@@ -31,7 +31,7 @@ from vlserve.bench.report import write_report
 
 def profile_run(model_dir: str, jobs: list[Job], threads: int, before: bool) -> tuple[pstats.Stats, float]:
     from vlserve import Engine
-    from vlserve.engine import engine as engine_module
+    from vlserve.engine.loop import EngineLoop
     from vlserve.kernels import cpu_attention
     from vlserve.model import loader
 
@@ -40,7 +40,7 @@ def profile_run(model_dir: str, jobs: list[Job], threads: int, before: bool) -> 
         cpu_attention.cpu_attention_op = lambda: None
         loader.use_cpu_gemm = lambda model: 0
     profiler = cProfile.Profile()
-    original_loop = engine_module.Engine._loop
+    original_loop = EngineLoop._run
 
     def profiled_loop(self):
         profiler.enable()
@@ -49,7 +49,7 @@ def profile_run(model_dir: str, jobs: list[Job], threads: int, before: bool) -> 
         finally:
             profiler.disable()
 
-    engine_module.Engine._loop = profiled_loop
+    EngineLoop._run = profiled_loop
     try:
         with Engine(model_dir, num_threads=threads) as engine:
             client = EngineClient(engine)
@@ -59,7 +59,7 @@ def profile_run(model_dir: str, jobs: list[Job], threads: int, before: bool) -> 
             client.generate(jobs)
             wall = time.monotonic() - start
     finally:
-        engine_module.Engine._loop = original_loop
+        EngineLoop._run = original_loop
         cpu_attention.cpu_attention_op, loader.use_cpu_gemm = saved
     return pstats.Stats(profiler), wall
 

@@ -52,11 +52,14 @@ def test_decode_matches_reference(page_size, heads, head_dim, threads):
 
 
 # (seq_lens, extend_lens): no prefix, prefix hits of every size, one new token beside a long prompt,
-# extends that span several query blocks and key tiles.
+# extends that span several query blocks and key tiles; the last case takes the BLAS path (128-token
+# query blocks, 512-key blocks) across several key blocks, with the causal edge inside the second and
+# third, beside a request short enough for the register-blocked path.
 EXTEND_CASES = [
     ([40, 70, 5, 33], [40, 17, 1, 33]),
     ([129, 64, 18], [3, 64, 17]),
     ([1, 2, 200], [1, 1, 150]),
+    ([1100, 530, 700], [600, 530, 3]),
 ]
 
 

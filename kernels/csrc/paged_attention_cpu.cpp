@@ -5,11 +5,17 @@
 // gathered copy of the request's KV). Query i of request b sits at position prefix + i
 // (prefix = seq_lens[b] - extend_lens[b]) and sees keys 0..prefix + i.
 //
-// Work item = (request, kv head, block of up to kQueryBlock new tokens). Its rows are every
-// (query, q head) pair sharing that kv head (GQA), so each key/value tile is loaded once for all
-// of them. Keys go in tiles of kKeyTile with an online softmax, all in fp32; tiles are converted to
-// fp32 on load, so fp16/bf16 pools work too. Threads take items, longest first, from a shared
-// counter.
+// Work item = (request, block of up to kQueryBlock new tokens, a run of kv heads). For each kv
+// head its rows are every (query, q head) pair sharing it (GQA), so each key/value tile is loaded
+// once for all of them. Keys go in tiles of kKeyTile with an online softmax, all in fp32; tiles are
+// converted to fp32 on load, so fp16/bf16 pools work too. Threads take items, longest first, from a
+// shared counter.
+//
+// Memory order: a pool slot holds every kv head's row side by side ([slot][kv_head][D]), so an item
+// that walks all kv heads inside each key tile reads whole slots — one contiguous run per slot —
+// instead of one head's short row per slot, four times over. Decode is bound by those reads (the
+// arithmetic per byte is tiny), so items span all kv heads whenever there are enough items to keep
+// every thread busy, and one kv head each otherwise.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -39,6 +45,12 @@ constexpr int kKeyTile = 2 * kLanes;   // keys per tile: two vectors of scores p
 constexpr int kQueryBlock = 16;        // new tokens per work item in extend
 constexpr int kRowBlock = 4;           // rows updated together, sharing each key / value load
 constexpr int kTransposeRows = 16;     // from this many rows per item, transpose K tiles (extend)
+// Long extends go through BLAS: blocks of kGemmQueryBlock new tokens against kGemmKeyBlock keys,
+// scores and values as two GEMMs with an online softmax between them (FlashAttention-2's order).
+// Below kGemmMinRows rows per kv head the register-blocked path above is faster.
+constexpr int kGemmQueryBlock = 128;
+constexpr int kGemmKeyBlock = 512;
+constexpr int kGemmMinRows = 32;
 
 // GCC/Clang vector extensions, one register wide.
 typedef float vf __attribute__((vector_size(VLSERVE_LANES * 4)));
@@ -113,10 +125,12 @@ inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
 struct Item {
   int64_t req;       // index into the batch
-  int64_t kv_head;
+  int64_t kv_head;   // first kv head of the item
+  int64_t heads;     // kv heads kv_head .. kv_head + heads - 1
   int64_t first;     // first new token of the block, within the request's new tokens
   int64_t count;     // new tokens in the block
   int64_t cost;      // rows x keys, for ordering
+  bool gemm;         // through BLAS (run_item_gemm), else the register-blocked path
 };
 
 struct Problem {
@@ -131,6 +145,7 @@ struct Problem {
 // tile (as rows [j][d], or transposed [d][j]) and one value tile [j][d], and a block's scores.
 struct Scratch {
   std::vector<float> q, out, row_max, row_sum, k, v, p, rescale;
+  std::vector<float> gemm_k, gemm_v, gemm_s;  // run_item_gemm's key / value blocks and scores
   std::vector<int> visible;
   void reserve(int64_t rows, int64_t d) {
     q.resize(rows * d);
@@ -268,20 +283,24 @@ void update_rows(const Problem& pb, int64_t r0, int64_t j0, int n, bool transpos
 }
 
 // The vector path needs head_dim % kLanes == 0; the scalar path below serves any other head_dim.
+// rows = rows per kv head; head hh of the item owns rows hh * rows .. (hh + 1) * rows - 1.
 template <typename T>
 void run_item_vector(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc,
                      int64_t rows, int64_t num_keys, const int32_t* slots) {
   const bool transposed = rows >= kTransposeRows;
   for (int64_t j0 = 0; j0 < num_keys; j0 += kKeyTile) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyTile, num_keys - j0));
-    load_tile<T>(pb, k_buffer, v_buffer, slots, j0, n, num_keys, it.kv_head, transposed, sc);
-    int64_t r0 = 0;
-    for (; r0 + kRowBlock <= rows; r0 += kRowBlock) update_rows<kRowBlock>(pb, r0, j0, n, transposed, sc);
-    switch (rows - r0) {
-      case 3: update_rows<3>(pb, r0, j0, n, transposed, sc); break;
-      case 2: update_rows<2>(pb, r0, j0, n, transposed, sc); break;
-      case 1: update_rows<1>(pb, r0, j0, n, transposed, sc); break;
-      default: break;
+    for (int64_t hh = 0; hh < it.heads; ++hh) {
+      load_tile<T>(pb, k_buffer, v_buffer, slots, j0, n, num_keys, it.kv_head + hh, transposed, sc);
+      const int64_t end = (hh + 1) * rows;
+      int64_t r0 = hh * rows;
+      for (; r0 + kRowBlock <= end; r0 += kRowBlock) update_rows<kRowBlock>(pb, r0, j0, n, transposed, sc);
+      switch (end - r0) {
+        case 3: update_rows<3>(pb, r0, j0, n, transposed, sc); break;
+        case 2: update_rows<2>(pb, r0, j0, n, transposed, sc); break;
+        case 1: update_rows<1>(pb, r0, j0, n, transposed, sc); break;
+        default: break;
+      }
     }
   }
 }
@@ -291,8 +310,8 @@ void run_item_scalar(const Item& it, const Problem& pb, const T* k_buffer, const
                      int64_t rows, int64_t num_keys, const int32_t* slots) {
   const int64_t D = pb.head_dim;
   for (int64_t j = 0; j < num_keys; ++j) {  // one key at a time, online softmax per row
-    const int64_t base = static_cast<int64_t>(slots[j]) * pb.slot_stride + it.kv_head * D;
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = 0; r < rows * it.heads; ++r) {
+      const int64_t base = static_cast<int64_t>(slots[j]) * pb.slot_stride + (it.kv_head + r / rows) * D;
       if (sc.visible[r] <= j) continue;
       const float* q = sc.q.data() + r * D;
       float score = 0.0f;
@@ -307,38 +326,124 @@ void run_item_scalar(const Item& it, const Problem& pb, const T* k_buffer, const
   }
 }
 
+// One kv head's key block j0 .. j0 + n - 1 as fp32 rows [n][D] (K and V alike).
+template <typename T>
+void gather_block(const Problem& pb, const T* buffer, const int32_t* slots, int64_t j0, int64_t n, int64_t kv_head,
+                  float* dst) {
+  const int64_t D = pb.head_dim;
+  for (int64_t j = 0; j < n; ++j) {
+    const T* src = buffer + static_cast<int64_t>(slots[j0 + j]) * pb.slot_stride + kv_head * D;
+    float* row = dst + j * D;
+    int64_t d = 0;
+    for (; d + kLanes <= D; d += kLanes) storeu(row + d, load16(src + d));
+    for (; d < D; ++d) row[d] = to_float(src[d]);
+  }
+}
+
+// Online-softmax step for one row's scores s[0..n) of which the first `visible` count: s becomes
+// the probabilities (0 past `visible`), the row's max and sum move on, and its output row is
+// rescaled to the new max. A row that sees none of the block takes nothing from it.
+inline void softmax_block_row(float* s, int64_t n, int64_t visible, float& row_max, float& row_sum, float* out,
+                              int64_t D) {
+  if (visible <= 0) {
+    std::fill(s, s + n, 0.0f);
+    return;
+  }
+  float block_max = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  if (visible >= kLanes) {
+    vf m = loadu(s);
+    for (j = kLanes; j + kLanes <= visible; j += kLanes) {
+      const vf x = loadu(s + j);
+      m = select(x > m, x, m);
+    }
+    block_max = hmax(m);
+  }
+  for (; j < visible; ++j) block_max = std::max(block_max, s[j]);
+  const float new_max = std::max(row_max, block_max);
+  const float rescale = exp_nonpositive(row_max - new_max);  // row_max = -inf on the first block: 0
+  vf sum{};
+  float tail = 0.0f;
+  for (j = 0; j + kLanes <= visible; j += kLanes) {
+    const vf p = exp_nonpositive(loadu(s + j) - new_max);
+    storeu(s + j, p);
+    sum += p;
+  }
+  for (; j < visible; ++j) {
+    s[j] = exp_nonpositive(s[j] - new_max);
+    tail += s[j];
+  }
+  std::fill(s + visible, s + n, 0.0f);
+  row_sum = row_sum * rescale + hsum(sum) + tail;
+  row_max = new_max;
+  if (rescale != 1.0f) {
+    for (int64_t d = 0; d < D; ++d) out[d] *= rescale;
+  }
+}
+
+// A long extend block of one kv head: S = Q K^T and O += P V by BLAS, key block by key block.
+template <typename T>
+void run_item_gemm(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc,
+                   int64_t rows, int64_t num_keys, const int32_t* slots) {
+  const int64_t D = pb.head_dim;
+  sc.gemm_k.resize(kGemmKeyBlock * D);
+  sc.gemm_v.resize(kGemmKeyBlock * D);
+  sc.gemm_s.resize(rows * kGemmKeyBlock);
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor q = at::from_blob(sc.q.data(), {rows, D}, opts);
+  at::Tensor out = at::from_blob(sc.out.data(), {rows, D}, opts);
+  for (int64_t j0 = 0; j0 < num_keys; j0 += kGemmKeyBlock) {
+    const int64_t n = std::min<int64_t>(kGemmKeyBlock, num_keys - j0);
+    gather_block<T>(pb, k_buffer, slots, j0, n, it.kv_head, sc.gemm_k.data());
+    gather_block<T>(pb, v_buffer, slots, j0, n, it.kv_head, sc.gemm_v.data());
+    const at::Tensor k = at::from_blob(sc.gemm_k.data(), {n, D}, opts);
+    const at::Tensor v = at::from_blob(sc.gemm_v.data(), {n, D}, opts);
+    at::Tensor scores = at::from_blob(sc.gemm_s.data(), {rows, n}, opts);
+    at::mm_out(scores, q, k.t());
+    for (int64_t r = 0; r < rows; ++r) {
+      softmax_block_row(sc.gemm_s.data() + r * n, n, std::min<int64_t>(n, sc.visible[r] - j0), sc.row_max[r],
+                        sc.row_sum[r], sc.out.data() + r * D, D);
+    }
+    out.addmm_(scores, v);
+  }
+}
+
 template <typename T>
 void run_item(const Item& it, const Problem& pb, const T* q, const T* k_buffer, const T* v_buffer, T* o,
               Scratch& sc) {
   const int64_t D = pb.head_dim;
   const int64_t prefix = pb.seq_lens[it.req] - pb.extend_lens[it.req];
-  const int64_t rows = it.count * pb.group;
-  // Row r is new token it.first + r / group with q head kv_head * group + r % group; it sits at
-  // position prefix + it.first + r / group and sees that many keys plus one.
-  for (int64_t r = 0; r < rows; ++r) {
+  const int64_t rows = it.count * pb.group;  // per kv head
+  // Row hh * rows + r is new token it.first + r / group with q head (kv_head + hh) * group + r % group;
+  // it sits at position prefix + it.first + r / group and sees that many keys plus one.
+  for (int64_t row = 0; row < rows * it.heads; ++row) {
+    const int64_t hh = row / rows, r = row % rows;
     const int64_t token = pb.starts[it.req] + it.first + r / pb.group;
-    const int64_t head = it.kv_head * pb.group + r % pb.group;
+    const int64_t head = (it.kv_head + hh) * pb.group + r % pb.group;
     const T* src = q + (token * pb.num_q_heads + head) * D;
-    float* dst = sc.q.data() + r * D;
+    float* dst = sc.q.data() + row * D;
     for (int64_t d = 0; d < D; ++d) dst[d] = to_float(src[d]) * pb.sm_scale;
-    std::fill(sc.out.data() + r * D, sc.out.data() + (r + 1) * D, 0.0f);
-    sc.row_max[r] = -std::numeric_limits<float>::infinity();
-    sc.row_sum[r] = 0.0f;
-    sc.visible[r] = static_cast<int>(prefix + it.first + r / pb.group + 1);
+    std::fill(sc.out.data() + row * D, sc.out.data() + (row + 1) * D, 0.0f);
+    sc.row_max[row] = -std::numeric_limits<float>::infinity();
+    sc.row_sum[row] = 0.0f;
+    sc.visible[row] = static_cast<int>(prefix + it.first + r / pb.group + 1);
   }
   const int64_t num_keys = prefix + it.first + it.count;  // what the block's last token sees
   const int32_t* slots = pb.req_to_token + pb.rows[it.req] * pb.table_width;
-  if (D % kLanes == 0) {
+  if (it.gemm) {
+    run_item_gemm<T>(it, pb, k_buffer, v_buffer, sc, rows, num_keys, slots);
+  } else if (D % kLanes == 0) {
     run_item_vector<T>(it, pb, k_buffer, v_buffer, sc, rows, num_keys, slots);
   } else {
     run_item_scalar<T>(it, pb, k_buffer, v_buffer, sc, rows, num_keys, slots);
   }
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t row = 0; row < rows * it.heads; ++row) {
+    const int64_t hh = row / rows, r = row % rows;
     const int64_t token = pb.starts[it.req] + it.first + r / pb.group;
-    const int64_t head = it.kv_head * pb.group + r % pb.group;
+    const int64_t head = (it.kv_head + hh) * pb.group + r % pb.group;
     T* dst = o + (token * pb.num_q_heads + head) * D;
-    const float inv = 1.0f / sc.row_sum[r];
-    const float* src = sc.out.data() + r * D;
+    const float inv = 1.0f / sc.row_sum[row];
+    const float* src = sc.out.data() + row * D;
     for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(src[d] * inv);
   }
 }
@@ -355,7 +460,7 @@ void run_all(const std::vector<Item>& items, const Problem& pb, const at::Tensor
   // One task per thread; each pulls the next item (longest first) until none are left.
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
     Scratch sc;
-    sc.reserve(kQueryBlock * pb.group, pb.head_dim);
+    sc.reserve(std::max<int64_t>(kQueryBlock * pb.num_q_heads, kGemmQueryBlock * pb.group), pb.head_dim);
     for (int64_t w = begin; w < end; ++w) {
       for (int64_t i = next.fetch_add(1); i < static_cast<int64_t>(items.size()); i = next.fetch_add(1)) {
         run_item<T>(items[i], pb, qp, kp, vp, op, sc);
@@ -383,15 +488,26 @@ void check_request(const Problem& pb, int64_t b, int64_t table_rows, int64_t num
 }
 
 std::vector<Item> make_items(const Problem& pb, int64_t batch, int64_t table_rows, int64_t num_tokens,
-                             int64_t num_slots) {
-  std::vector<Item> items;
+                             int64_t num_slots, int64_t threads) {
+  const auto use_gemm = [&](int64_t b) { return pb.extend_lens[b] * pb.group >= kGemmMinRows; };
+  int64_t blocks = 0;  // (request, query block) pairs
   for (int64_t b = 0; b < batch; ++b) {
     check_request(pb, b, table_rows, num_tokens, num_slots);
+    const int64_t block = use_gemm(b) ? kGemmQueryBlock : kQueryBlock;
+    blocks += (pb.extend_lens[b] + block - 1) / block;
+  }
+  // Whole slots per register-blocked item (see the top) when that still leaves two items a thread;
+  // BLAS items are compute-bound and take one kv head each.
+  const int64_t slot_heads = blocks >= 2 * threads ? pb.num_kv_heads : 1;
+  std::vector<Item> items;
+  for (int64_t b = 0; b < batch; ++b) {
     const int64_t new_tokens = pb.extend_lens[b], prefix = pb.seq_lens[b] - new_tokens;
-    for (int64_t first = 0; first < new_tokens; first += kQueryBlock) {
-      const int64_t count = std::min<int64_t>(kQueryBlock, new_tokens - first);
-      for (int64_t h = 0; h < pb.num_kv_heads; ++h) {
-        items.push_back({b, h, first, count, count * (prefix + first + count)});
+    const bool gemm = use_gemm(b);
+    const int64_t block = gemm ? kGemmQueryBlock : kQueryBlock, heads = gemm ? 1 : slot_heads;
+    for (int64_t first = 0; first < new_tokens; first += block) {
+      const int64_t count = std::min<int64_t>(block, new_tokens - first);
+      for (int64_t h = 0; h < pb.num_kv_heads; h += heads) {
+        items.push_back({b, h, heads, first, count, heads * count * (prefix + first + count), gemm});
       }
     }
   }
@@ -439,7 +555,8 @@ void paged_attention(const at::Tensor& q_in, const at::Tensor& k_buffer, const a
   pb.extend_lens = new_lens.data_ptr<int64_t>();
   pb.starts = starts.data_ptr<int64_t>();
   pb.sm_scale = static_cast<float>(sm_scale);
-  const std::vector<Item> items = make_items(pb, rows.size(0), req_to_token.size(0), q.size(0), k_buffer.size(0));
+  const std::vector<Item> items =
+      make_items(pb, rows.size(0), req_to_token.size(0), q.size(0), k_buffer.size(0), at::get_num_threads());
   if (items.empty()) return;
   switch (q.scalar_type()) {
     case at::kFloat: run_all<float>(items, pb, q, k_buffer, v_buffer, o); break;
