@@ -5,6 +5,9 @@ out of the pool and call SDPA; this reads KV through req_to_token in place, GQA-
 online softmax in fp32 (csrc/paged_attention_cpu.cpp). The C++ builds on first use through
 torch.utils.cpp_extension (about a minute, then cached); where it cannot be built (no compiler),
 a warning says why, once, and the references run instead.
+
+The same extension carries the small-row GEMM (csrc/small_gemm_cpu.cpp, small_gemm.py): one build,
+one fallback decision for every CPU kernel of ours.
 """
 
 import hashlib
@@ -19,7 +22,8 @@ import torch
 from .reference import decode_attention_ref, extend_attention_ref
 from .validate import check_decode_args, check_extend_args
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "paged_attention_cpu.cpp")
+_SOURCES = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", name)
+            for name in ("paged_attention_cpu.cpp", "small_gemm_cpu.cpp")]
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}  # "op": the torch op, or "error": why it could not be built
 
@@ -65,7 +69,7 @@ def _build():
     if hasattr(cpp_extension, "_get_build_directory"):  # torch's own folder rule (private, so checked)
         clear_stale_build_lock(cpp_extension._get_build_directory(name, verbose=False))
     load = cpp_extension.load
-    load(name=name, sources=[_SOURCE], extra_cflags=["-O3", "-march=native"],
+    load(name=name, sources=_SOURCES, extra_cflags=["-O3", "-march=native"],
          is_python_module=False, verbose=False)
     return torch.ops.vlserve_cpu.paged_attention
 

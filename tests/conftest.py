@@ -73,3 +73,12 @@ def server():
 def http(server):
     with httpx.Client(base_url=server[1].url, timeout=60) as c:
         yield c
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    """Runs a CPU kernel test with one and with two torch threads (the suite's default is one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)

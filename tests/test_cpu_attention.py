@@ -30,14 +30,6 @@ def built_kernel():
     assert op is not None, f"the CPU attention kernel did not build: {cpu_attention.cpu_attention_error()}"
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 # Lengths cross the kernel's 32-key tiles and 16-token query blocks, and include a 1-token request.
 DECODE_LENS = [1, 31, 32, 33, 100, 7]
 

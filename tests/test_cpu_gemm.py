@@ -1,5 +1,6 @@
 """CpuLinear (vlserve/model/cpu_gemm.py): the same products as F.linear on every path it takes
-(MKL below ONEDNN_MIN_ROWS, oneDNN above; bf16 as is or widened to fp32), and the in-place switch."""
+(our small-row kernel below SMALL_ROWS, MKL below ONEDNN_MIN_ROWS where the kernel is unavailable,
+oneDNN above; bf16 as is or widened to fp32), and the in-place switch."""
 
 import pytest
 import torch
@@ -7,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlserve.model import cpu_gemm
-from vlserve.model.cpu_gemm import ONEDNN_MIN_ROWS, UPCAST_MIN_ROWS, CpuLinear, use_cpu_gemm
+from vlserve.model.cpu_gemm import ONEDNN_MIN_ROWS, SMALL_ROWS, UPCAST_MIN_ROWS, CpuLinear, use_cpu_gemm
 
-ROWS = [1, ONEDNN_MIN_ROWS - 1, ONEDNN_MIN_ROWS, UPCAST_MIN_ROWS - 1, UPCAST_MIN_ROWS, 300]
+ROWS = [1, ONEDNN_MIN_ROWS - 1, ONEDNN_MIN_ROWS, UPCAST_MIN_ROWS - 1, UPCAST_MIN_ROWS, SMALL_ROWS - 1, SMALL_ROWS, 300]
 
 
 def _pair(bias: bool, dtype: torch.dtype):
@@ -46,7 +47,7 @@ def test_bf16_widening_only_without_native_kernels(monkeypatch):
     real = cpu_gemm._onednn
     monkeypatch.setattr(cpu_gemm, "_onednn", lambda x, w, b: calls.append(x.dtype) or real(x, w, b))
     _, fast = _pair(False, torch.bfloat16)
-    x = torch.randn(UPCAST_MIN_ROWS, 96).bfloat16()
+    x = torch.randn(max(UPCAST_MIN_ROWS, SMALL_ROWS), 96).bfloat16()  # past the small-row kernel
     monkeypatch.setattr(cpu_gemm, "native_bf16", lambda: True)
     fast(x)
     assert calls == []

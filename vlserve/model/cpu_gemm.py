@@ -7,6 +7,12 @@ dozen rows (decode batches): oneDNN's inner product on the same plain weight was
 weight as it is (no packed copy, no extra memory): packing it for one batch size measured no faster,
 and the batch size changes every step anyway.
 
+Below SMALL_ROWS (1–31 rows: decode batches, a follow-up question's few tokens) both libraries fall
+to a third of the core's rate, so those rows go to our own register-blocked kernel
+(vlserve.kernels.small_gemm), which reads the weight once and reuses it from L1 for every row:
+1.3–3x oneDNN from 2 to 16 rows here, level at 32. Where the kernel cannot be built, the BLAS paths
+below serve every size.
+
 bf16: where oneDNN has native bf16 kernels (AVX512_BF16 / AMX), F.linear in bf16 already runs
 through them. Without them (AVX2), torch's bf16 GEMM fallback is 3–6x slower than fp32 at prefill
 sizes, so bf16 weights are widened to fp32 for that call from UPCAST_MIN_ROWS rows up (the
@@ -20,7 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlserve.kernels import small_gemm
+
 ONEDNN_MIN_ROWS = 4  # below this MKL's gemv / small sgemm was level or faster
+SMALL_ROWS = small_gemm.MAX_ROWS  # below this, our small-row kernel
 UPCAST_MIN_ROWS = 16  # bf16 without native kernels: from here the fp32 GEMM on a widened weight wins
 
 
@@ -46,6 +55,10 @@ class CpuLinear(nn.Linear):
         if not x.is_cpu or x.dim() == 0:
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if 0 < rows < SMALL_ROWS and x.dtype in (torch.float32, torch.bfloat16) and self.weight.dtype == x.dtype:
+            op = small_gemm.small_linear_op()
+            if op is not None and (x.dtype == torch.float32 or not native_bf16()):
+                return op(x.float(), self.weight, self.bias).to(x.dtype)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             if rows >= ONEDNN_MIN_ROWS:
                 return _onednn(x, self.weight, self.bias)
