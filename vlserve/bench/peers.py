@@ -58,7 +58,7 @@ def expand_media(req: Job, video_frames: int) -> tuple[str, list]:
 
 
 def run_transformers(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: int | None = None,
-                     warmup: bool = True) -> PeerRun:
+                     warmup: bool = True, dtype: str = "float32") -> PeerRun:
     import torch
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
@@ -66,7 +66,7 @@ def run_transformers(model_dir: str, reqs: list[Job], video_frames: int = 8, thr
         torch.set_num_threads(threads)
     processor = AutoProcessor.from_pretrained(model_dir)
     processor.tokenizer.padding_side = "left"
-    model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     prompts, images = zip(*(expand_media(r, video_frames) for r in reqs))
     new_tokens = reqs[0].max_new_tokens
     if any(r.max_new_tokens != new_tokens for r in reqs):
@@ -113,7 +113,7 @@ def llava_hf_copy(model_dir: str, cache_root: str) -> str:
 
 
 def run_vllm(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: int = 2,
-             venv: str = DEFAULT_VLLM_VENV, timeout_s: float = 1800) -> PeerRun:
+             venv: str = DEFAULT_VLLM_VENV, timeout_s: float = 1800, dtype: str = "float32") -> PeerRun:
     """Raises FileNotFoundError when vLLM's environment is absent (callers skip with a message)."""
     python = vllm_python(venv)
     if python is None:
@@ -121,7 +121,7 @@ def run_vllm(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: in
     work = tempfile.mkdtemp(prefix="vlserve-vllm-")
     try:
         model = llava_hf_copy(model_dir, os.path.join(tempfile.gettempdir(), "vlserve-bench-models"))
-        spec = {"model": model, "threads": threads, "requests": []}
+        spec = {"model": model, "threads": threads, "dtype": dtype, "requests": []}
         for n, r in enumerate(reqs):
             prompt, images = expand_media(r, video_frames)
             paths = []

@@ -2,7 +2,7 @@
 
     VENV/bin/python vllm_offline.py spec.json out.json
 
-spec: {"model", "threads", "requests": [{"prompt", "images": [png paths], "max_new_tokens"}]}.
+spec: {"model", "threads", "dtype", "requests": [{"prompt", "images": [png paths], "max_new_tokens"}]}.
 out: wall time of one LLM.generate over every request (after a warm-up), per-request token counts,
 num_cached_tokens (prefix-cache hits), and latency / time to first token where vLLM reports them.
 """
@@ -20,7 +20,7 @@ def main(spec_path: str, out_path: str) -> None:
     spec = json.load(open(spec_path))
     reqs = spec["requests"]
     max_images = max(1, max(len(r["images"]) for r in reqs))
-    llm = LLM(model=spec["model"], enforce_eager=True, enable_prefix_caching=True, dtype="float32",
+    llm = LLM(model=spec["model"], enforce_eager=True, enable_prefix_caching=True, dtype=spec.get("dtype", "float32"),
               max_model_len=4096, limit_mm_per_prompt={"image": max_images}, seed=0)
     inputs = []
     for r in reqs:
