@@ -17,8 +17,9 @@ STATUS = {0: "survived", 5: "no tests", 33: "no tests", None: "not checked", 34:
 
 
 # Survivors judged equivalent (no test can tell them apart from the original), with the reason:
-# (module, text in the original line and gone from the mutated one, text in the mutated line, why). Reviewed by hand; a new
-# survivor that matches none of these is a gap to kill with a test.
+# (module, text in the original line and gone from the mutated one, text in the mutated line, why), optionally followed
+# by text the line before the mutated one must hold (for a line such as `continue` that occurs more than once).
+# Reviewed by hand; a new survivor that matches none of these is a gap to kill with a test.
 EQUIVALENT = [
     ("vlserve/sampling/sampler.py", "dim=-1", "dim=+1", "the tensors are [B, V]: dim 1 is dim -1"),
     ("vlserve/sampling/sampler.py", "sort(dim=-1, descending=True)", "sort(descending=True)",
@@ -90,12 +91,27 @@ EQUIVALENT = [
      "(returns 0): None either way"),
     ("vlserve/scheduler/prefill.py", 'raise OutOfSlots(f"need {need} slots")', "raise OutOfSlots(None)",
      "caught by the `except OutOfSlots` around it, which never reads the message"),
+    # schedule()'s loop over a snapshot of the running list: retraction takes victims from the end of the list,
+    # so once a snapshot entry is no longer running, every entry after it was retracted too
+    ("vlserve/scheduler/scheduler.py", "continue", "break",
+     "the requests after a retracted one in the snapshot were all retracted before it (victims come from the end "
+     "of the running list): nothing is left to skip", "if req not in self.running:"),
+    # admit() with a budget of 0 admits nothing (its loop breaks first), and with an empty queue it has nothing to
+    # admit; it still orders the queue, which writes only matched_len (a hint, rewritten before every use)
+    ("vlserve/scheduler/scheduler.py", "if self.waiting and budget > 0:", "if self.waiting and budget >= 0:",
+     "admit() with a budget of 0 admits nothing; the queue's ordering writes only matched_len, rewritten before "
+     "every use (under the random policy one more shuffle is drawn: no order is promised there)"),
+    ("vlserve/scheduler/scheduler.py", "if self.waiting and budget > 0:", "if self.waiting or budget > 0:",
+     "admit() with an empty queue returns nothing, and with a budget of 0 admits nothing (see `budget >= 0`)"),
+    ("vlserve/scheduler/scheduler.py", "error_status: int = 500)", "error_status: int = 501)",
+     "_emit's default serves only outputs without an error (every _finish passes its status), and error_status is "
+     "read only with an error (engine/output.py)", "finished: bool"),
 ]
 
 
-def equivalence(module: str, original: str, mutated: str) -> str | None:
-    for mod, a, b, why in EQUIVALENT:
-        if mod == module and a in original and b in mutated and a not in mutated:
+def equivalence(module: str, original: str, mutated: str, before: str = "") -> str | None:
+    for mod, a, b, why, *context in EQUIVALENT:
+        if mod == module and a in original and b in mutated and a not in mutated and all(c in before for c in context):
             return why
     return None
 
@@ -136,8 +152,8 @@ def body(lines: list[str], span: list[int]) -> list[str]:
     return text[start:]
 
 
-def survivors(stage: Path, module: str, codes: dict) -> list[tuple[int, str, str, str]]:
-    """(line, function, original line, mutated line) of every mutant that no test killed."""
+def survivors(stage: Path, module: str, codes: dict) -> list[tuple[int, str, str, str, str]]:
+    """(line, function, original line, mutated line, the line before) of every mutant that no test killed."""
     mutated = (stage / "mutants" / staged(module)).read_text().splitlines()
     spans = json.loads((stage / "mutants" / (staged(module) + ".spans")).read_text())["spans"]
     defs = def_lines(Path(module).read_text())
@@ -156,7 +172,7 @@ def survivors(stage: Path, module: str, codes: dict) -> list[tuple[int, str, str
         _, i1, i2, j1, j2 = diff[0]
         line = defs.get(func, 0) + i1
         out.append((line, f"{func} ({status(code)})", " / ".join(s.strip() for s in orig[i1:i2]),
-                    " / ".join(s.strip() for s in mut[j1:j2])))
+                    " / ".join(s.strip() for s in mut[j1:j2]), orig[i1 - 1].strip() if i1 else ""))
     return sorted(out)
 
 
@@ -170,7 +186,7 @@ def summary(stage: Path, module: str, codes: dict) -> tuple[str, list[str]]:
     n = Counter(status(c) for c in codes.values())
     checked = sum(n.values()) - n["not checked"]
     rows = survivors(stage, module, codes) if codes else []
-    why = [equivalence(module, a, b) for _, _, a, b in rows]
+    why = [equivalence(module, a, b, before) for _, _, a, b, before in rows]
     equivalent = sum(w is not None for w in why)
     killed = n["killed"] + n["timeout"]
     score = f"{killed / checked:.1%}" if checked else "n/a"
@@ -180,7 +196,7 @@ def summary(stage: Path, module: str, codes: dict) -> tuple[str, list[str]]:
            f"| {score} | {adjusted} |")
     details = ["", f"## {module}: {len(rows)} surviving, {equivalent} of them equivalent", ""]
     details += [f"- `{module}:{line}` {func}: `{a}` → `{b}`" + (f" — equivalent: {w}" if w else " — **not killed**")
-                for (line, func, a, b), w in zip(rows, why)] or ["(none)"]
+                for (line, func, a, b, _), w in zip(rows, why)] or ["(none)"]
     return row, details
 
 
