@@ -45,6 +45,40 @@ EQUIVALENT = [
      "_split's only caller (_descend) sets the returned node's last_access on the next line"),
     ("vlserve/cache/radix_cache.py", "node.size > 0 and", "node.size >= 0 and",
      "an empty edge already fails the line before (its child key is missing)"),
+    ("vlserve/cache/radix_cache.py", "self._clock = 0", "self._clock = 1",
+     "recency stamps are only compared with each other (LRU order; a heap entry is stale when its stamp differs): "
+     "shifting them all changes no order; pretty() prints them for debugging"),
+    ("vlserve/cache/radix_cache.py", "self._clock += 1", "self._clock += 2",
+     "recency stamps are only compared with each other: any increasing clock gives the same order"),
+    ("vlserve/cache/radix_cache.py", "matched = 0", "matched = 1",
+     "the child was found by its first token (its first page with pages), so position 0 always matches: "
+     "the loop's first step is the same"),
+    # the root: never evictable (lock_ref 1), never in the LRU heap, skipped by every walk and by pretty/check_integrity
+    ("vlserve/cache/radix_cache.py", "TreeNode(key=[]", "TreeNode(key=None",
+     "the root's key is never read: walks start at its children; iter_nodes, pretty and check_integrity skip it"),
+    ("vlserve/cache/radix_cache.py", "value=self._empty, parent=None", "value=None, parent=None",
+     "the root's slots are never read: a match collects the values of the nodes below it, a miss returns _empty"),
+    ("vlserve/cache/radix_cache.py", "parent=None, uid=next(self._uids)", "parent=None, uid=None",
+     "the root never enters the LRU heap, where alone uids are compared; the other nodes' uids keep their order"),
+    ("vlserve/cache/radix_cache.py", "last_access=0)", "last_access=1)",
+     "the root never enters the LRU heap and pretty() skips it: its last_access is never read"),
+    ("vlserve/cache/radix_cache.py", "last_access=0)", "last_access=None)",
+     "the root never enters the LRU heap and pretty() skips it: its last_access is never read"),
+    ("vlserve/cache/radix_cache.py", "self.root.lock_ref = 1", "self.root.lock_ref = 2",
+     "the root is only tested for lock_ref == 0 (false either way); locks and unlocks stop below it, and "
+     "check_integrity never compares a child of the root with it"),
+    ("vlserve/cache/radix_cache.py", "self.root.lock_ref = 1", "self.root.lock_ref = None",
+     "the root is only tested for lock_ref == 0 (false either way); locks and unlocks stop below it, and "
+     "check_integrity never compares a child of the root with it"),
+    # the LRU heap's compaction: a rebuild from the live evictable leaves, the same entries a lazy pop would keep
+    ("vlserve/cache/radix_cache.py", "> 2 * self._num_nodes + 64", ">= 2 * self._num_nodes + 64",
+     "the heap is compacted one push sooner: the same entries, the same eviction order, a bound one lower"),
+    ("vlserve/cache/radix_cache.py", "2 * self._num_nodes + 64", "2 * self._num_nodes - 64",
+     "performance only: the heap is compacted more often (an O(nodes) rebuild of the same entries); eviction "
+     "order and the size bound hold; tests check correctness, never timings"),
+    ("vlserve/cache/radix_cache.py", "2 * self._num_nodes + 64", "2 / self._num_nodes + 64",
+     "performance only: the heap is compacted more often once the tree has more than a few nodes (an O(nodes) "
+     "rebuild of the same entries; _num_nodes is at least 1 here, the leaf being pushed); tests never time it"),
     ("vlserve/sampling/penalties.py", "sub > 0", "sub >= 0", "a zero logit stays zero either way (0 / p == 0 * p)"),
     ("vlserve/sampling/penalties.py", 'float("-inf")', 'float("-INF")', "float() reads the name in any case"),
     ("vlserve/sampling/penalties.py", "dtype=like.dtype", "[:, None]",
