@@ -125,6 +125,17 @@ EQUIVALENT = [
      "(returns 0): None either way"),
     ("vlserve/scheduler/prefill.py", 'raise OutOfSlots(f"need {need} slots")', "raise OutOfSlots(None)",
      "caught by the `except OutOfSlots` around it, which never reads the message"),
+    ("vlserve/scheduler/policy.py", "RadixCache(_DiscardSlots())", "RadixCache(None)",
+     "the key-only tries are never evicted or reset, the only calls that free slots: the allocator is never called"),
+    ("vlserve/scheduler/policy.py", "dtype=torch.int64", "len(key), ))",
+     "RadixCache.insert keeps its own int64 copy of the slots, and a key trie's slots are never read"),
+    ("vlserve/scheduler/policy.py", "dtype=torch.int64", "dtype=None",
+     "RadixCache.insert keeps its own int64 copy of the slots, and a key trie's slots are never read"),
+    ("vlserve/scheduler/policy.py", "seed: int = 0,", "seed: int = 1,",
+     "any fixed default seed makes the random policy a reproducible shuffle; which permutation is not promised"),
+    ("vlserve/scheduler/policy.py", "if node in ends else len(reqs)", "if (node in ends) and False else",
+     "requests are inserted into the private trie in arrival order, so a node's children already sit in the order "
+     "of their first requests: with `first` all equal the stable sort keeps that same order"),
     # schedule()'s loop over a snapshot of the running list: retraction takes victims from the end of the list,
     # so once a snapshot entry is no longer running, every entry after it was retracted too
     ("vlserve/scheduler/scheduler.py", "continue", "break",
