@@ -13,8 +13,10 @@
 #   MUTATION_RECHECK  test paths written since the run: the previous run's staging folder is kept, each
 #                     of its surviving mutants runs these tests, and the report shows the score before
 #                     (the run's) and after (scripts/mutation_recheck.py). Same modules and MUTATION_DIR.
-#                     With MUTATION_RECHECK_UNREACHED=1 the mutants the run did not reach run its tests and
-#                     the new ones (slow: the whole selection per mutant).
+#                     With MUTATION_RECHECK_UNREACHED=1 the mutants the run did not reach run the new tests
+#                     and then its own (slow: the whole selection per mutant); one still running after
+#                     MUTATION_RECHECK_TIMEOUT seconds (default 900) hung them: a timeout, as in mutmut.
+#                     Each mutant's tests run in a fork of one process that imported torch once.
 # To carry on a run that stopped at its budget: cd MUTATION_DIR and `mutmut run NAME...` with the names of
 # the mutants not checked yet (their exit code is null in mutants/**/*.py.meta), then write the report
 # with scripts/mutation_report.py (benchmarks/results/mutation_admission.md did so).

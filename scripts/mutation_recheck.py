@@ -7,12 +7,14 @@ before.json, for the report's "before" table.
 
 A survivor runs only the new tests (the run's own already passed with it). With
 MUTATION_RECHECK_UNREACHED=1, mutants the run did not reach run the run's tests too (STAGE/tests.txt),
-so they end checked.
+so they end checked: the new tests first (pytest stops at the first failure, and the new tests are the
+fast ones), and a mutant still running after MUTATION_RECHECK_TIMEOUT seconds (default 900) hung the
+tests: a kill, as mutmut counts a timeout.
 """
 
 import json
 import os
-import subprocess
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,25 +22,53 @@ from pathlib import Path
 from mutation_report import staged, status
 
 TIMEOUT = 36  # mutmut's exit code for a mutant that hung the tests
-UNREACHED_TIMEOUT_S = 900  # a mutant that runs the run's own tests too
+UNREACHED_TIMEOUT_S = float(os.environ.get("MUTATION_RECHECK_TIMEOUT", 900))  # one that runs the run's tests too
+
+
+def preload(stage: Path) -> None:
+    """Imports pytest, torch and the staged, mutated vlserve once; every mutant's tests then run in a
+    fork of this process (as mutmut runs them), so none pays the imports again. The staged original
+    vlserve/ is never on sys.path: the mutants' copy is first."""
+    os.chdir(stage)
+    sys.path.insert(0, str(stage / "mutants"))
+    import pytest  # noqa: F401
+    import torch  # noqa: F401
+    import vlserve
+
+    if not Path(vlserve.__file__).is_relative_to(stage / "mutants"):
+        sys.exit(f"vlserve imports from {vlserve.__file__}, not from {stage / 'mutants'}")
 
 
 def pytest(stage: Path, tests: list[str], mutant: str, timeout: float) -> int:
-    """pytest's exit code for the tests with this mutant on ("" = the original code). The venv's pytest
-    script, not `python -m pytest`, so the staged original vlserve/ is not put first on sys.path."""
-    env = dict(os.environ, MUTANT_UNDER_TEST=mutant, PYTHONPATH=str(stage / "mutants"))
-    cmd = [str(Path(sys.executable).with_name("pytest")), "-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-           *tests]
-    try:
-        return subprocess.run(cmd, cwd=stage, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=timeout).returncode
-    except subprocess.TimeoutExpired:
-        return TIMEOUT
+    """pytest's exit code for the tests with this mutant on ("" = the original code), or TIMEOUT."""
+    pid = os.fork()
+    if pid == 0:  # the child: its exit code is pytest's
+        os.environ["MUTANT_UNDER_TEST"] = mutant  # mutmut's trampolines read it at every call
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        try:
+            import pytest as pt
+            code = int(pt.main(["-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", *tests]))
+        except BaseException:
+            code = 3
+        os._exit(code)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status_word = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status_word)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return TIMEOUT
+        time.sleep(0.05)
 
 
 def main() -> None:
     stage, tests, modules = Path(sys.argv[1]), sys.argv[2].split(), sys.argv[3:]
     run_tests = (stage / "tests.txt").read_text().split()
+    preload(stage)
     started = time.monotonic()
     if pytest(stage, tests, "", UNREACHED_TIMEOUT_S) != 0:  # a test that fails on the original code kills nothing
         sys.exit(f"the tests {tests} fail on the unmutated code in {stage}")
@@ -55,7 +85,8 @@ def main() -> None:
             unreached = os.environ.get("MUTATION_RECHECK_UNREACHED") == "1" and status(code) == "not checked"
             if status(code) not in ("survived", "no tests", "suspicious") and not unreached:
                 continue
-            result = (pytest(stage, run_tests + tests, key, UNREACHED_TIMEOUT_S) if unreached
+            everything = tests + [t for t in run_tests if t not in tests]
+            result = (pytest(stage, everything, key, UNREACHED_TIMEOUT_S) if unreached
                       else pytest(stage, tests, key, timeout))
             if result == TIMEOUT or result == 1:
                 codes[key] = result

@@ -17,8 +17,9 @@ STATUS = {0: "survived", 5: "no tests", 33: "no tests", None: "not checked", 34:
 
 
 # Survivors judged equivalent (no test can tell them apart from the original), with the reason:
-# (module, text in the original line and gone from the mutated one, text in the mutated line, why). Reviewed by hand; a new
-# survivor that matches none of these is a gap to kill with a test.
+# (module, text in the original line and gone from the mutated one, text in the mutated line, why), optionally followed
+# by text the line before the mutated one must hold (for a line such as `continue` that occurs more than once).
+# Reviewed by hand; a new survivor that matches none of these is a gap to kill with a test.
 EQUIVALENT = [
     ("vlserve/sampling/sampler.py", "dim=-1", "dim=+1", "the tensors are [B, V]: dim 1 is dim -1"),
     ("vlserve/sampling/sampler.py", "sort(dim=-1, descending=True)", "sort(descending=True)",
@@ -44,6 +45,40 @@ EQUIVALENT = [
      "_split's only caller (_descend) sets the returned node's last_access on the next line"),
     ("vlserve/cache/radix_cache.py", "node.size > 0 and", "node.size >= 0 and",
      "an empty edge already fails the line before (its child key is missing)"),
+    ("vlserve/cache/radix_cache.py", "self._clock = 0", "self._clock = 1",
+     "recency stamps are only compared with each other (LRU order; a heap entry is stale when its stamp differs): "
+     "shifting them all changes no order; pretty() prints them for debugging"),
+    ("vlserve/cache/radix_cache.py", "self._clock += 1", "self._clock += 2",
+     "recency stamps are only compared with each other: any increasing clock gives the same order"),
+    ("vlserve/cache/radix_cache.py", "matched = 0", "matched = 1",
+     "the child was found by its first token (its first page with pages), so position 0 always matches: "
+     "the loop's first step is the same"),
+    # the root: never evictable (lock_ref 1), never in the LRU heap, skipped by every walk and by pretty/check_integrity
+    ("vlserve/cache/radix_cache.py", "TreeNode(key=[]", "TreeNode(key=None",
+     "the root's key is never read: walks start at its children; iter_nodes, pretty and check_integrity skip it"),
+    ("vlserve/cache/radix_cache.py", "value=self._empty, parent=None", "value=None, parent=None",
+     "the root's slots are never read: a match collects the values of the nodes below it, a miss returns _empty"),
+    ("vlserve/cache/radix_cache.py", "parent=None, uid=next(self._uids)", "parent=None, uid=None",
+     "the root never enters the LRU heap, where alone uids are compared; the other nodes' uids keep their order"),
+    ("vlserve/cache/radix_cache.py", "last_access=0)", "last_access=1)",
+     "the root never enters the LRU heap and pretty() skips it: its last_access is never read"),
+    ("vlserve/cache/radix_cache.py", "last_access=0)", "last_access=None)",
+     "the root never enters the LRU heap and pretty() skips it: its last_access is never read"),
+    ("vlserve/cache/radix_cache.py", "self.root.lock_ref = 1", "self.root.lock_ref = 2",
+     "the root is only tested for lock_ref == 0 (false either way); locks and unlocks stop below it, and "
+     "check_integrity never compares a child of the root with it"),
+    ("vlserve/cache/radix_cache.py", "self.root.lock_ref = 1", "self.root.lock_ref = None",
+     "the root is only tested for lock_ref == 0 (false either way); locks and unlocks stop below it, and "
+     "check_integrity never compares a child of the root with it"),
+    # the LRU heap's compaction: a rebuild from the live evictable leaves, the same entries a lazy pop would keep
+    ("vlserve/cache/radix_cache.py", "> 2 * self._num_nodes + 64", ">= 2 * self._num_nodes + 64",
+     "the heap is compacted one push sooner: the same entries, the same eviction order, a bound one lower"),
+    ("vlserve/cache/radix_cache.py", "2 * self._num_nodes + 64", "2 * self._num_nodes - 64",
+     "performance only: the heap is compacted more often (an O(nodes) rebuild of the same entries); eviction "
+     "order and the size bound hold; tests check correctness, never timings"),
+    ("vlserve/cache/radix_cache.py", "2 * self._num_nodes + 64", "2 / self._num_nodes + 64",
+     "performance only: the heap is compacted more often once the tree has more than a few nodes (an O(nodes) "
+     "rebuild of the same entries; _num_nodes is at least 1 here, the leaf being pushed); tests never time it"),
     ("vlserve/sampling/penalties.py", "sub > 0", "sub >= 0", "a zero logit stays zero either way (0 / p == 0 * p)"),
     ("vlserve/sampling/penalties.py", 'float("-inf")', 'float("-INF")', "float() reads the name in any case"),
     ("vlserve/sampling/penalties.py", "dtype=like.dtype", "[:, None]",
@@ -90,12 +125,38 @@ EQUIVALENT = [
      "(returns 0): None either way"),
     ("vlserve/scheduler/prefill.py", 'raise OutOfSlots(f"need {need} slots")', "raise OutOfSlots(None)",
      "caught by the `except OutOfSlots` around it, which never reads the message"),
+    ("vlserve/scheduler/policy.py", "RadixCache(_DiscardSlots())", "RadixCache(None)",
+     "the key-only tries are never evicted or reset, the only calls that free slots: the allocator is never called"),
+    ("vlserve/scheduler/policy.py", "dtype=torch.int64", "len(key), ))",
+     "RadixCache.insert keeps its own int64 copy of the slots, and a key trie's slots are never read"),
+    ("vlserve/scheduler/policy.py", "dtype=torch.int64", "dtype=None",
+     "RadixCache.insert keeps its own int64 copy of the slots, and a key trie's slots are never read"),
+    ("vlserve/scheduler/policy.py", "seed: int = 0,", "seed: int = 1,",
+     "any fixed default seed makes the random policy a reproducible shuffle; which permutation is not promised"),
+    ("vlserve/scheduler/policy.py", "if node in ends else len(reqs)", "if (node in ends) and False else",
+     "requests are inserted into the private trie in arrival order, so a node's children already sit in the order "
+     "of their first requests: with `first` all equal the stable sort keeps that same order"),
+    # schedule()'s loop over a snapshot of the running list: retraction takes victims from the end of the list,
+    # so once a snapshot entry is no longer running, every entry after it was retracted too
+    ("vlserve/scheduler/scheduler.py", "continue", "break",
+     "the requests after a retracted one in the snapshot were all retracted before it (victims come from the end "
+     "of the running list): nothing is left to skip", "if req not in self.running:"),
+    # admit() with a budget of 0 admits nothing (its loop breaks first), and with an empty queue it has nothing to
+    # admit; it still orders the queue, which writes only matched_len (a hint, rewritten before every use)
+    ("vlserve/scheduler/scheduler.py", "if self.waiting and budget > 0:", "if self.waiting and budget >= 0:",
+     "admit() with a budget of 0 admits nothing; the queue's ordering writes only matched_len, rewritten before "
+     "every use (under the random policy one more shuffle is drawn: no order is promised there)"),
+    ("vlserve/scheduler/scheduler.py", "if self.waiting and budget > 0:", "if self.waiting or budget > 0:",
+     "admit() with an empty queue returns nothing, and with a budget of 0 admits nothing (see `budget >= 0`)"),
+    ("vlserve/scheduler/scheduler.py", "error_status: int = 500)", "error_status: int = 501)",
+     "_emit's default serves only outputs without an error (every _finish passes its status), and error_status is "
+     "read only with an error (engine/output.py)", "finished: bool"),
 ]
 
 
-def equivalence(module: str, original: str, mutated: str) -> str | None:
-    for mod, a, b, why in EQUIVALENT:
-        if mod == module and a in original and b in mutated and a not in mutated:
+def equivalence(module: str, original: str, mutated: str, before: str = "") -> str | None:
+    for mod, a, b, why, *context in EQUIVALENT:
+        if mod == module and a in original and b in mutated and a not in mutated and all(c in before for c in context):
             return why
     return None
 
@@ -136,8 +197,8 @@ def body(lines: list[str], span: list[int]) -> list[str]:
     return text[start:]
 
 
-def survivors(stage: Path, module: str, codes: dict) -> list[tuple[int, str, str, str]]:
-    """(line, function, original line, mutated line) of every mutant that no test killed."""
+def survivors(stage: Path, module: str, codes: dict) -> list[tuple[int, str, str, str, str]]:
+    """(line, function, original line, mutated line, the line before) of every mutant that no test killed."""
     mutated = (stage / "mutants" / staged(module)).read_text().splitlines()
     spans = json.loads((stage / "mutants" / (staged(module) + ".spans")).read_text())["spans"]
     defs = def_lines(Path(module).read_text())
@@ -156,7 +217,7 @@ def survivors(stage: Path, module: str, codes: dict) -> list[tuple[int, str, str
         _, i1, i2, j1, j2 = diff[0]
         line = defs.get(func, 0) + i1
         out.append((line, f"{func} ({status(code)})", " / ".join(s.strip() for s in orig[i1:i2]),
-                    " / ".join(s.strip() for s in mut[j1:j2])))
+                    " / ".join(s.strip() for s in mut[j1:j2]), orig[i1 - 1].strip() if i1 else ""))
     return sorted(out)
 
 
@@ -170,7 +231,7 @@ def summary(stage: Path, module: str, codes: dict) -> tuple[str, list[str]]:
     n = Counter(status(c) for c in codes.values())
     checked = sum(n.values()) - n["not checked"]
     rows = survivors(stage, module, codes) if codes else []
-    why = [equivalence(module, a, b) for _, _, a, b in rows]
+    why = [equivalence(module, a, b, before) for _, _, a, b, before in rows]
     equivalent = sum(w is not None for w in why)
     killed = n["killed"] + n["timeout"]
     score = f"{killed / checked:.1%}" if checked else "n/a"
@@ -180,7 +241,7 @@ def summary(stage: Path, module: str, codes: dict) -> tuple[str, list[str]]:
            f"| {score} | {adjusted} |")
     details = ["", f"## {module}: {len(rows)} surviving, {equivalent} of them equivalent", ""]
     details += [f"- `{module}:{line}` {func}: `{a}` → `{b}`" + (f" — equivalent: {w}" if w else " — **not killed**")
-                for (line, func, a, b), w in zip(rows, why)] or ["(none)"]
+                for (line, func, a, b, _), w in zip(rows, why)] or ["(none)"]
     return row, details
 
 
