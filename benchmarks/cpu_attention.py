@@ -18,7 +18,8 @@ from vlserve.kernels import decode_attention_cpu, decode_attention_ref, extend_a
 from vlserve.kernels.paged_batch import random_paged_batch
 
 DECODE = [(1, 300), (8, 300), (32, 300), (32, 1000)]  # (batch, context)
-EXTEND = [([287], [287]), ([287] * 8, [30] * 8), ([500] * 2, [500] * 2)]  # (seq_lens, extend_lens)
+# (seq_lens, extend_lens); the last is video_qa's shape: 540 new tokens behind a 1,540-token cached prefix
+EXTEND = [([287], [287]), ([287] * 8, [30] * 8), ([500] * 2, [500] * 2), ([2080], [540])]
 
 
 def cpu_ms(fn, repeats: int, calls: int) -> float:

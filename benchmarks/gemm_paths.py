@@ -5,6 +5,7 @@ Paths (all shipped with torch's CPU build):
 - mkl_packed:   torch.ops.mkl._mkl_linear on a weight pre-packed by cblas_sgemm_pack, fp32
 - onednn:       torch.ops.mkldnn._linear_pointwise on a weight reordered for oneDNN
 - bf16:         F.linear in bf16 / bf16 oneDNN with a reordered weight (bf16_onednn)
+- small:        our small-row kernel (vlserve.kernels.small_gemm), fp32, below its 32-row limit
 
 Layer shapes are BENCH_SPEC's decoder (qkv, o, gate_up, down, lm_head). Paths are timed in turn,
 in alternating order, `--repeats` times; the table gives the median GFLOP/s and each path's ratio
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from vlserve.bench.report import write_report
+from vlserve.kernels import small_gemm
 
 SHAPES = {"qkv": (1024, 1536), "o": (1024, 1024), "gate_up": (1024, 5632), "down": (2816, 1024),
           "lm_head": (1024, 4000)}
@@ -39,6 +41,9 @@ def make_paths(w: torch.Tensor, rows: int) -> dict:
                            torch.float32)
     wb = w.bfloat16()
     paths["bf16"] = (lambda x: F.linear(x, wb), torch.bfloat16)
+    small = small_gemm.small_linear_op()
+    if small is not None and rows < small_gemm.MAX_ROWS:
+        paths["small"] = (lambda x: small(x, w, None), torch.float32)
     if torch.backends.mkldnn.is_available():
         try:
             reordered_b = torch.ops.mkldnn._reorder_linear_weight(wb, rows)
