@@ -153,6 +153,8 @@ def save_checkpoint(model, tokenizer, image_processor, out: Path, logs: list[Pat
     cfg_path = tmp / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for loaded_only in ("is_local", "local_files_only"):  # set when a warm start loaded the tokenizer
+        cfg.pop(loaded_only, None)
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     for log in logs:
         if log.exists():
