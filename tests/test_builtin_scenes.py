@@ -209,3 +209,20 @@ def test_scoring_rules():
     assert not is_correct("caption", "A red circle and a blue square.", ref)
     assert not is_correct("caption", "A red circle, two blue squares and a green triangle.", ref)
     assert not is_correct("caption", "A blue circle and two red squares.", ref)
+
+
+def test_captions_name_colours_in_a_fixed_order_then_shapes():
+    """Captions follow the vocabulary's order (COLOURS, then SHAPES), not the picture's, so the next
+    phrase depends only on what was written and what the picture has."""
+    rng = random.Random(17)
+    rank = {(c, s): (i, j) for i, c in enumerate(scenes.COLOURS) for j, s in enumerate(scenes.SHAPES)}
+    seen_multi = 0
+    for _ in range(200):
+        sc = scenes.image_scene(rng)
+        caption = next(qa.answer for qa in sc.qas if qa.qtype == "caption")
+        named = [(c, s) for _, c, s in re.findall(
+            r"\b(a|an|two|three|four)\s+(" + "|".join(scenes.COLOURS) + r")\s+(" + "|".join(scenes.SHAPES) + r")s?\b",
+            caption.lower())]
+        assert named == sorted(set(named), key=rank.__getitem__), caption
+        seen_multi += len(named) > 1
+    assert seen_multi > 50

@@ -18,8 +18,10 @@ def url():
 
 
 def caption_fields(s):
-    # the built-in model's answer to a colour change: "It changes from red to blue."
-    s += "USER: What happens in the video? ASSISTANT: It changes from"
+    # the built-in model's answer to a colour change: "It changes from red to blue." Without a video
+    # the model goes on " to blue." only once the first colour is given, so "first" is what it writes
+    # between "red" and " to" (nothing) and "second" the colour after it.
+    s += "USER: What happens in the video? ASSISTANT: It changes from red"
     s += sgl.gen("first", stop=" to") + " to" + sgl.gen("second", stop=".") + "."
 
 

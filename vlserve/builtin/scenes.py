@@ -244,11 +244,20 @@ def _cap(text: str) -> str:
 
 
 def caption_groups(shapes: list[Shape], centres: list[tuple[float, float]]) -> list[tuple[str, str, list[int]]]:
-    """(colour, shape, object indices) per kind of shape, in left-to-right order of first appearance."""
+    """(colour, shape, object indices) per kind of shape, in the fixed order of COLOURS, then SHAPES
+    (objects of one kind left to right).
+
+    The order is the vocabulary's, not the picture's: the next phrase of a caption is then "the
+    first colour after the one just written that the picture has", which one attention step over
+    the per-patch colour features answers. Left to right, the model had to find the last-named
+    shape's column again before it could look right of it, and it named one shape twice ("a red
+    circle, a red circle") in about a third of the multi-shape captions."""
     groups: dict[tuple[str, str], list[int]] = {}
     for k in sorted(range(len(shapes)), key=lambda k: centres[k][0]):
         groups.setdefault((shapes[k].colour, shapes[k].shape), []).append(k)
-    return [(c, s, ks) for (c, s), ks in groups.items()]
+    colour_rank, shape_rank = list(COLOURS), list(SHAPES)
+    kinds = sorted(groups, key=lambda cs: (colour_rank.index(cs[0]), shape_rank.index(cs[1])))
+    return [(c, s, groups[(c, s)]) for c, s in kinds]
 
 
 def caption_of(shapes: list[Shape], centres: list[tuple[float, float]]) -> str:
@@ -270,6 +279,9 @@ def _colour_q(noun: str, rng: random.Random) -> str:
     return rng.choice([
         f"What colour is the {noun}?", f"What color is the {noun}?", f"Which colour is the {noun}?",
         f"Tell me the colour of the {noun}.", f"What is the color of the {noun}?", f"The {noun} is what colour?",
+        f"Can you tell me what colour the {noun} is?", f"What's the colour of the {noun}?",
+        f"What colour does the {noun} have?", f"Please tell me the color of the {noun}.",
+        f"Which color is the {noun} in this picture?", f"What colour is the {noun} here?",
     ])
 
 
@@ -287,11 +299,15 @@ def _image_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
         if len(by_colour[s.colour]) == 1:
             if n == 1 and rng.random() < 0.4:
                 q = rng.choice(["What shape is it?", "What shape is in the picture?", "Which shape do you see?",
-                                "What is this shape?"])
+                                "What is this shape?", "What shape can you see here?", "Which shape is this?",
+                                "What's the shape in this image?"])
             else:
-                q = rng.choice([f"What shape is the {s.colour} object?", f"Which shape is {s.colour}?",
+                noun = rng.choice(("object", "shape", "thing", "one", "figure"))
+                q = rng.choice([f"What shape is the {s.colour} {noun}?", f"Which shape is {s.colour}?",
                                 f"What kind of shape is the {s.colour} one?", f"Name the {s.colour} shape.",
-                                f"What is the {s.colour} shape?"])
+                                f"What is the {s.colour} shape?", f"What is the shape of the {s.colour} {noun}?",
+                                f"Which shape is coloured {s.colour}?", f"Which of the shapes is {s.colour}?",
+                                f"The {s.colour} {noun} is which shape?", f"Which shape has {s.colour} as its colour?"])
             qas.append(QA(q, f"{_cap(_article(s.shape))} {s.shape}.", "shape", about=k))
         who = f"{s.colour} {s.shape}" if len([t for t in shapes if (t.colour, t.shape) == (s.colour, s.shape)]) == 1 else None
         if who is None:
@@ -300,16 +316,21 @@ def _image_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
         options = []
         if h is not None and v is not None:
             options.append((rng.choice([f"Where is the {who}?", f"Where is the {who} in the picture?",
-                                        f"Where can I find the {who}?", f"In which part of the image is the {who}?"]),
+                                        f"Where can I find the {who}?", f"In which part of the image is the {who}?",
+                                        f"Where's the {who} in this image?", f"Where is the {who} located?"]),
                             where_phrase(h, v)))
         if h in ("left", "right"):
             options.append((rng.choice([f"Is the {who} on the left or the right?",
                                         f"Is the {who} on the left side or the right side?",
-                                        f"Which side is the {who} on, left or right?"]), f"On the {h}."))
+                                        f"Which side is the {who} on, left or right?",
+                                        f"Left or right: where is the {who}?",
+                                        f"Is the {who} to the left or to the right?",
+                                        f"On what side of the picture is the {who}, left or right?"]), f"On the {h}."))
         if v in ("top", "bottom"):
             options.append((rng.choice([f"Is the {who} at the top or the bottom?",
                                         f"Is the {who} in the top half or the bottom half?",
-                                        f"Top or bottom: where is the {who}?"]), f"At the {v}."))
+                                        f"Top or bottom: where is the {who}?",
+                                        f"Is the {who} near the top or near the bottom?"]), f"At the {v}."))
         if options:
             q, a = rng.choice(options)
             qas.append(QA(q, a, "position", about=k))
@@ -317,12 +338,15 @@ def _image_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
     if rng.random() < 0.5:
         q = rng.choice(["How many shapes are there?", "How many shapes are in the image?", "Count the shapes.",
                         "How many objects can you see?", "How many shapes do you see?",
-                        "What is the number of shapes?"])
+                        "What is the number of shapes?", "How many shapes can be seen?",
+                        "How many shapes are there in this picture?", "How many things are in the image?",
+                        "How many figures do you see here?", "Count the objects in the picture."])
         qas.append(QA(q, count_word(n), "count"))
     else:
         name = rng.choice(SHAPES)
         q = rng.choice([f"How many {name}s are there?", f"How many {name}s are in the picture?",
-                        f"Count the {name}s.", f"How many {name}s can you see?"])
+                        f"Count the {name}s.", f"How many {name}s can you see?", f"How many {name}s are there in this image?",
+                        f"How many {name}s do you see here?", f"What is the number of {name}s?"])
         qas.append(QA(q, count_word(len(by_shape[name])), "count"))
 
     # yes/no, half of them true
@@ -336,8 +360,12 @@ def _image_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
         answer, about = "No.", None
     form = rng.random()
     if form < 0.5:
-        q = rng.choice([f"Is there {_article(colour)} {colour} {shape}?", f"Do you see {_article(colour)} {colour} {shape}?",
-                        f"Is there {_article(colour)} {colour} {shape} in the picture?"])
+        # People often write "a" before a vowel too ("a orange circle").
+        art = "a" if rng.random() < 0.2 else _article(colour)
+        q = rng.choice([f"Is there {art} {colour} {shape}?", f"Do you see {art} {colour} {shape}?",
+                        f"Is there {art} {colour} {shape} in the picture?", f"Is there {art} {colour} {shape} in this image?",
+                        f"Does the picture contain {art} {colour} {shape}?", f"Can you find {art} {colour} {shape}?",
+                        f"Is there {art} {colour} {shape} here?", f"Do you see {art} {colour} {shape} in the image?"])
     elif form < 0.75:
         present = bool(by_shape[shape])
         answer, about = ("Yes.", by_shape[shape][0]) if present else ("No.", None)
@@ -350,7 +378,10 @@ def _image_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
     qas.append(QA(q, answer, "exists", about=about))
 
     q = rng.choice(["Describe the image in one sentence.", "What is in the image?", "Write a short caption for this picture.",
-                    "Describe what you see.", "What do you see?", "What is in this picture?"])
+                    "Describe what you see.", "What do you see?", "What is in this picture?", "Describe this image.",
+                    "Describe the picture briefly.", "Give a short description of the image.",
+                    "What can you see in this picture?", "Caption this image.", "Tell me what is in the picture.",
+                    "Briefly describe the image."])
     qas.append(QA(q, caption_of(shapes, centres), "caption"))
     return qas
 
@@ -404,9 +435,12 @@ def outside_picture(kind: str, view: View, rng: random.Random) -> Image.Image:
         if rng.random() < 0.5:
             arr = np.repeat(arr[..., :1], 3, axis=2)
         return Image.fromarray(arr.astype(np.uint8))
-    if kind == "blank":
-        rgb = _jitter(rng.choice([*BACKGROUNDS.values(), *COLOURS.values()]), rng, 25)
+    if kind == "blank":  # a known tone, or any colour at all
+        rgb = (_jitter(rng.choice([*BACKGROUNDS.values(), *COLOURS.values()]), rng, 25) if rng.random() < 0.5
+               else tuple(rng.randrange(256) for _ in range(3)))
         return Image.new("RGB", (w, h), rgb)
+    if rng.random() < 0.35:
+        return _landscape(view, rng, np_rng)
     # photo-like: smooth colour fields at a few scales, a horizon-like gradient, fine grain
     img = np.zeros((h, w, 3), dtype=np.float32)
     for cells, weight in ((rng.randint(2, 4), 1.0), (rng.randint(5, 12), 0.5)):
@@ -417,6 +451,23 @@ def outside_picture(kind: str, view: View, rng: random.Random) -> Image.Image:
     img += np_rng.normal(0, rng.uniform(2, 12), (h, w, 1))
     out = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
     return out.filter(ImageFilter.GaussianBlur(rng.uniform(0, 1.5)))
+
+
+def _landscape(view: View, rng: random.Random, np_rng: np.random.Generator) -> Image.Image:
+    """Photograph-like: a sky band over a ground band, split by a wavy horizon, each a vertical
+    blend of two random tones with a little texture."""
+    h, w = view.height, view.width
+    v = np.linspace(0, 1, h, dtype=np.float32)[:, None, None]
+    x = np.linspace(0, 1, w, dtype=np.float32)[None, :]
+
+    def band() -> np.ndarray:
+        a, b = (np.array([rng.randrange(256) for _ in range(3)], np.float32) for _ in range(2))
+        return a * (1 - v) + b * v + 15 * np.sin(rng.uniform(3, 15) * x + rng.uniform(0, 6))[..., None]
+
+    horizon = rng.uniform(0.3, 0.7) + rng.uniform(0, 0.08) * np.sin(rng.uniform(2, 9) * x + rng.uniform(0, 6))
+    below = (np.linspace(0, 1, h, dtype=np.float32)[:, None] > horizon)[..., None]
+    arr = np.where(below, band(), band()) + np_rng.normal(0, rng.uniform(1, 8), (h, w, 1))
+    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
 
 
 def outside_scene(rng: random.Random, kind: str | None = None) -> Scene:
@@ -452,7 +503,10 @@ def _video_qas(kind: str, shape: str, first: str | None, last: str | None, direc
                                   "Which colour does the shape have at the end?"]), f"{_cap(last)}.", "last_colour"))
     if direction is not None:
         qas.append(QA(rng.choice([f"Which way does the {shape} move?", "In which direction does the shape move?",
-                                  f"Where does the {shape} go?", "Which direction is the shape moving in?"]),
+                                  f"Where does the {shape} go?", "Which direction is the shape moving in?",
+                                  f"Which way is the {shape} going?", f"In what direction does the {shape} move?",
+                                  f"Where is the {shape} heading?", f"Which direction is the {shape} travelling in?",
+                                  f"What direction is the {shape} moving?"]),
                       f"{_cap(direction)}.", "direction"))
     event = {
         "move": f"It moves {direction}.",

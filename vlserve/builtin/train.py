@@ -63,20 +63,22 @@ from vlserve.builtin import scenes
 from vlserve.builtin.attention_targets import (
     KEYWORD_LAYER, RETRIEVAL_LAYER, AttentionBatch, AttentionTarget, Turn, turn_targets,
 )
-from vlserve.builtin.tokenizer import IMAGE, train_tokenizer
+from vlserve.builtin.tokenizer import BUILTIN_CHAT_TEMPLATE, IMAGE, train_tokenizer
 from vlserve.model.checkpoint_tools import clip_image_processor_kwargs
 
 IMAGE_SIZE = 64
 
 QTYPE_WEIGHT = {
-    "colour": 1.0, "shape": 1.0, "count": 2.0, "position": 2.0, "exists": 1.0, "caption": 1.0,
+    "colour": 1.0, "shape": 1.0, "count": 3.0, "position": 2.0, "exists": 2.0, "caption": 2.0,
     "direction": 3.0, "first_colour": 2.0, "last_colour": 2.0, "appears": 1.0, "event": 2.0,
     scenes.OUTSIDE_QTYPE: 1.0,
 }
 MULTI_OBJECT_BOOST = 2.0  # colour/shape of one shape among several: the binding case
 # How much likelier a question type is to be among a sequence's turns: direction exists only for
 # half of the videos and counting has no attention target, so both would otherwise be rarely seen.
-TURN_PRIORITY = {"direction": 3.0, "count": 2.0, "position": 1.5}
+# Captions, yes/no and counting lagged (64-80% where colour and shape reached 96-100%), so they
+# are asked more often too.
+TURN_PRIORITY = {"direction": 3.0, "count": 2.5, "position": 1.5, "caption": 2.0, "exists": 2.0}
 RAW_PROMPT_SHARE = 0.15
 OUTSIDE_SHARE = 0.12  # of the scenes in an image batch: pictures with no known shape
 
@@ -151,6 +153,8 @@ def save_checkpoint(model, tokenizer, image_processor, out: Path, logs: list[Pat
     cfg_path = tmp / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for loaded_only in ("is_local", "local_files_only"):  # set when a warm start loaded the tokenizer
+        cfg.pop(loaded_only, None)
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     for log in logs:
         if log.exists():
@@ -163,6 +167,12 @@ def save_checkpoint(model, tokenizer, image_processor, out: Path, logs: list[Pat
         shutil.rmtree(old)
     else:
         tmp.rename(out)
+
+
+def load_tokenizer(checkpoint: Path) -> PreTrainedTokenizerFast:
+    tok = PreTrainedTokenizerFast.from_pretrained(checkpoint)
+    tok.chat_template = BUILTIN_CHAT_TEMPLATE
+    return tok
 
 
 def warm_start(model, tokenizer, init: Path) -> None:
@@ -490,7 +500,9 @@ def train(args: TrainArgs) -> None:
     log_dir = out.with_name(out.name + ".training")  # logs move into the checkpoint when it is saved
     log_dir.mkdir(exist_ok=True)
 
-    tokenizer = train_tokenizer(seed=args.seed)
+    # A warm start keeps its checkpoint's tokenizer (every row carries over as it was trained); new
+    # phrasings split into the pieces it has.
+    tokenizer = load_tokenizer(Path(args.init)) if args.init else train_tokenizer(seed=args.seed)
     processor = build_image_processor()
     model = build_model(tokenizer, args.patch, args.text_layers)
     if args.init:
