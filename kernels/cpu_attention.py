@@ -69,7 +69,10 @@ def _build():
     if hasattr(cpp_extension, "_get_build_directory"):  # torch's own folder rule (private, so checked)
         clear_stale_build_lock(cpp_extension._get_build_directory(name, verbose=False))
     load = cpp_extension.load
-    load(name=name, sources=_SOURCES, extra_cflags=["-O3", "-march=native"],
+    # -fopenmp: at::parallel_for is a header whose `#pragma omp parallel` is silently ignored
+    # without it, and every kernel would then run on one thread whatever torch's thread count.
+    load(name=name, sources=_SOURCES, extra_cflags=["-O3", "-march=native", "-fopenmp"],
+         extra_ldflags=["-fopenmp"],
          is_python_module=False, verbose=False)
     return torch.ops.vlserve_cpu.paged_attention
 
