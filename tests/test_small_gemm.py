@@ -66,3 +66,10 @@ def test_cpu_linear_routes_small_batches_to_the_kernel(op, monkeypatch):
         x = torch.randn(rows, 64)
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
     assert calls == [1, cpu_gemm.SMALL_ROWS - 1]
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_the_kernels_run_on_torchs_threads(op, threads):
+    """The extension's parallel regions use torch's thread count (a count, not a timing): built
+    without OpenMP they run on one thread whatever torch is set to, and nothing else would notice."""
+    assert torch.ops.vlserve_gemm.parallel_threads(64) == threads

@@ -14,8 +14,10 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -136,8 +138,23 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight_in, con
   return y.view(shape);
 }
 
+// How many threads at::parallel_for actually ran over n items: the extension must be built with
+// OpenMP (-fopenmp) or its parallel regions run serially, silently (tests/test_small_gemm.py).
+int64_t parallel_threads(int64_t n) {
+  std::vector<std::atomic<int>> seen(at::get_num_threads() + 1);
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) { seen[at::get_thread_num()] = 1; });
+  int64_t count = 0;
+  for (const auto& s : seen) count += s.load();
+  return count;
+}
+
 }  // namespace
 
-TORCH_LIBRARY(vlserve_gemm, m) { m.def("small_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor"); }
+TORCH_LIBRARY(vlserve_gemm, m) {
+  m.def("small_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("parallel_threads(int n) -> int");
+}
 
 TORCH_LIBRARY_IMPL(vlserve_gemm, CPU, m) { m.impl("small_linear", &small_linear); }
+
+TORCH_LIBRARY_IMPL(vlserve_gemm, CompositeExplicitAutograd, m) { m.impl("parallel_threads", &parallel_threads); }
