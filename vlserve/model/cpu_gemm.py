@@ -10,7 +10,8 @@ and the batch size changes every step anyway.
 Below SMALL_ROWS (1–31 rows: decode batches, a follow-up question's few tokens) both libraries fall
 to a third of the core's rate, so those rows go to our own register-blocked kernel
 (vlserve.kernels.small_gemm), which reads the weight once and reuses it from L1 for every row:
-1.3–3x oneDNN from 2 to 16 rows here, level at 32. Where the kernel cannot be built, the BLAS paths
+on this AVX2 CPU 1.0–1.7x oneDNN on one thread and 1.1–2x on two up to 24 rows, about level at 31
+(benchmarks/RESULTS.md, "Third pass"). Where the kernel cannot be built, the BLAS paths
 below serve every size.
 
 bf16: where oneDNN has native bf16 kernels (AVX512_BF16 / AMX), F.linear in bf16 already runs
