@@ -2,13 +2,15 @@
 
 Ray calls choose_replicas for each request sent through a handle to the engine deployment; the
 request's radix key travels in its `route_key` keyword (the ingress computes it, vlserve/router/keys.py).
-Each replica has its approximate tree (vlserve/router/tree.py) and a load counted from the moment Ray
-sends it a request (on_request_routed) to its completion (on_request_completed), streams included.
+Each replica has its approximate tree (vlserve/router/tree.py), which takes a request's key when the
+policy chooses the replica (and again when Ray routes the request there), and a load counted from the
+moment Ray sends it a request (on_request_routed) to its completion (on_request_completed), streams
+included.
 """
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from vlserve.router.policy import PolicyConfig, choose
+from vlserve.router.policy import PolicyConfig, choose, record
 from vlserve.router.tree import ApproxTree
 from vlserve.router.worker import Worker
 
@@ -31,15 +33,22 @@ class CacheAwareRequestRouter(RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
-        if not candidate_replicas:
+        """One rank, the policy's choice among the replicas not full by our own count.
+
+        Ray probes the chosen replica's queue before sending, awaiting a reply while other requests are
+        chosen; so the key enters the chosen tree here, not when the request is routed, or a burst of
+        requests for one image would all see a cold tree and spread. A slow probe (a replica busy in its
+        engine) makes Ray back off and ask again, and the policy gives the same replica: no second rank
+        of cold replicas for a request to fall to, which would lose its prefix."""
+        open_replicas = [r for r in candidate_replicas
+                         if self._worker(r.replica_id).load < r.max_ongoing_requests] or candidate_replicas
+        if not open_replicas:
             return []
-        workers = [self._worker(r.replica_id) for r in candidate_replicas]
+        workers = [self._worker(r.replica_id) for r in open_replicas]
         key = pending_request.kwargs.get(ROUTE_KEY) if pending_request is not None else None
-        chosen = choose(workers, key, self.policy).worker
-        first = next(r for r, w in zip(candidate_replicas, workers) if w is chosen)
-        # if the chosen replica is full, Ray tries the next rank: the rest, least loaded first
-        rest = sorted((r for r in candidate_replicas if r is not first), key=lambda r: self._worker(r.replica_id).load)
-        return [[first], rest] if rest else [[first]]
+        choice = choose(workers, key, self.policy)
+        record(choice, key)
+        return [[next(r for r, w in zip(open_replicas, workers) if w is choice.worker)]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
         worker = self._worker(replica_id)
