@@ -7,6 +7,8 @@ Configurations (same checkpoint, same threads, same requests):
 - after-bf16:  the same in bf16 (bf16 weights and KV pool)
 - after-no-small-gemm: `after` without the small-row GEMM kernel (oneDNN / MKL at every size): what
   the kernel adds, in the same run
+- after-no-fused: `after` with the decoder's norms, rotary and SiLU·mul as eager PyTorch instead of
+  the fused kernels (kernels/csrc/fused_cpu.cpp)
 
 Each run drives the ModelRunner directly (no scheduler): B requests of --prompt new tokens each
 (half of them behind a cached prefix of --prefix tokens when --prefix > 0), prefilled in one
@@ -37,24 +39,29 @@ from vlserve.runner.model_runner import ModelRunner
 from vlserve.model.loader import load_model
 from vlserve.bench.report import write_report
 from vlserve.kernels import small_gemm
+from vlserve.model import llama
 
 CONFIGS = {
     "before": {"cpu_gemm": False, "attention": "reference", "dtype": "float32"},
     "after": {"cpu_gemm": True, "attention": "torch", "dtype": "float32"},
     "after-bf16": {"cpu_gemm": True, "attention": "torch", "dtype": "bfloat16"},
     "after-no-small-gemm": {"cpu_gemm": True, "attention": "torch", "dtype": "float32", "small_gemm": False},
+    "after-no-fused": {"cpu_gemm": True, "attention": "torch", "dtype": "float32", "fused": False},
 }
 
 
 @contextlib.contextmanager
-def small_gemm_enabled(enabled: bool):
-    saved = small_gemm.small_linear_op
-    if not enabled:
+def kernels_enabled(small: bool, fused: bool):
+    """Our small-row GEMM and fused elementwise kernels switched off (their documented fallbacks)."""
+    saved = small_gemm.small_linear_op, llama.fused_op
+    if not small:
         small_gemm.small_linear_op = lambda: None
+    if not fused:
+        llama.fused_op = lambda x: None
     try:
         yield
     finally:
-        small_gemm.small_linear_op = saved
+        small_gemm.small_linear_op, llama.fused_op = saved
 
 
 class Harness:
@@ -63,6 +70,7 @@ class Harness:
     def __init__(self, model_dir: str, config: dict, max_batch: int, context: int, clock=time.perf_counter):
         self.clock = clock
         self.small_gemm = config.get("small_gemm", True)
+        self.fused = config.get("fused", True)
         loaded = load_model(model_dir, dtype=config["dtype"], cpu_gemm=config["cpu_gemm"])
         self.runner = ModelRunner.standalone(loaded, max_total_tokens=max_batch * context + 64,
                                              max_running_requests=max_batch + 1, context_length=context,
@@ -130,13 +138,13 @@ def main():
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     harnesses = {n: Harness(model_dir, CONFIGS[n], max(args.batches), context, clock) for n in names}
     for h in harnesses.values():  # warm-up: first calls build kernels and oneDNN primitives
-        with small_gemm_enabled(h.small_gemm):
+        with kernels_enabled(h.small_gemm, h.fused):
             h.run(2, 16, 8, 2, seed=99)
     results = {n: {b: {"prefill": [], "decode": []} for b in args.batches} for n in names}
     for rep in range(args.repeats):
         for b in args.batches:
             for n in (names if rep % 2 == 0 else names[::-1]):
-                with small_gemm_enabled(harnesses[n].small_gemm):
+                with kernels_enabled(harnesses[n].small_gemm, harnesses[n].fused):
                     prefill, decode = harnesses[n].run(b, args.prompt, args.prefix, args.steps, seed=rep)
                 results[n][b]["prefill"].append(b * args.prompt / prefill)
                 results[n][b]["decode"].append(b * args.steps / decode)

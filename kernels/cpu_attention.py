@@ -6,8 +6,9 @@ online softmax in fp32 (csrc/paged_attention_cpu.cpp). The C++ builds on first u
 torch.utils.cpp_extension (about a minute, then cached); where it cannot be built (no compiler),
 a warning says why, once, and the references run instead.
 
-The same extension carries the small-row GEMM (csrc/small_gemm_cpu.cpp, small_gemm.py): one build,
-one fallback decision for every CPU kernel of ours.
+The same extension carries the small-row GEMM (csrc/small_gemm_cpu.cpp, small_gemm.py) and the fused
+elementwise steps of a decoder layer (csrc/fused_cpu.cpp, fused.py): one build, one fallback
+decision for every CPU kernel of ours.
 """
 
 import hashlib
@@ -23,21 +24,27 @@ from .reference import decode_attention_ref, extend_attention_ref
 from .validate import check_decode_args, check_extend_args
 
 _SOURCES = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", name)
-            for name in ("paged_attention_cpu.cpp", "small_gemm_cpu.cpp")]
+            for name in ("paged_attention_cpu.cpp", "small_gemm_cpu.cpp", "fused_cpu.cpp")]
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}  # "op": the torch op, or "error": why it could not be built
 
 
 def _extension_name() -> str:
     # Built with -march=native: the name carries the CPU's flags, so a build directory shared
-    # between different machines never hands one a binary for the other.
+    # between different machines never hands one a binary for the other; and the sources' hash, so
+    # two checkouts of different versions on one machine (a test run beside a fresh clone's CI)
+    # never rebuild the same folder under each other and load the other's library.
     flags = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith("flags")), flags)
     except OSError:
         pass
-    return "vlserve_cpu_attention_" + hashlib.sha1(flags.encode()).hexdigest()[:10]
+    digest = hashlib.sha1(flags.encode())
+    for path in _SOURCES:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return "vlserve_cpu_attention_" + digest.hexdigest()[:10]
 
 
 STALE_LOCK_S = 900  # a build takes about a minute (a few on a loaded machine); a lock this old is orphaned

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from vlserve.kernels.fused import fused_op
 from vlserve.memory.kv_pool import KVPool
 from vlserve.model.attention import AttentionBackend
 from vlserve.model.config import TextConfig
@@ -24,10 +25,26 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        op = self._fused(x)
+        if op is not None:
+            return op.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+    def add_and_norm(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + a, self(x + a)): the residual add and the norm after it, one pass where fused."""
+        op = self._fused(x)
+        if op is not None and a.shape == x.shape and a.dtype == x.dtype:
+            return op.add_rms_norm(x, a, self.weight, self.eps)
+        x = x + a
+        return x, self(x)
+
+    def _fused(self, x: torch.Tensor):
+        if x.dim() != 2 or x.stride(-1) != 1 or self.weight.dtype != x.dtype:
+            return None
+        return fused_op(x)
 
 
 class RotaryEmbedding(nn.Module):
@@ -74,7 +91,11 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, H, D]; cos/sin: [T, D]."""
+    """x: [T, H, D]; cos/sin: [T, D]. Where fused (CPU), x is rotated in place and returned."""
+    op = fused_op(x)
+    if op is not None and x.stride(-1) == 1:
+        op.rotary_(x, cos, sin)
+        return x
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
@@ -126,7 +147,11 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if hasattr(self, "gate_up_proj"):
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            gate_up = self.gate_up_proj(x)
+            op = fused_op(gate_up)
+            if op is not None:
+                return self.down_proj(op.silu_mul(gate_up))
+            gate, up = gate_up.chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(nn.functional.silu(gate) * up)
@@ -152,8 +177,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, batch, kv, attn):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add_and_norm(x, self.self_attn(self.input_layernorm(x), cos, sin,
+                                                                            batch, kv, attn))
+        return x + self.mlp(h)
 
 
 class LlamaDecoder(nn.Module):

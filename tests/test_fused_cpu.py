@@ -1,0 +1,89 @@
+"""The fused elementwise kernels (kernels/csrc/fused_cpu.cpp) against the eager PyTorch they replace,
+written out here as transformers writes them: fp32 to rounding, bf16/fp16 to one unit in the last
+place (the same rounding steps; only exp and the sum order differ). Widths that are not a multiple of
+the vector width, one row and many, strided views of a fused qkv output, and two threads."""
+
+import pytest
+import torch
+
+from vlserve.kernels.cpu_attention import cpu_attention_error, cpu_attention_op
+from vlserve.kernels.fused import fused_op
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module")
+def op():
+    assert cpu_attention_op() is not None, f"the CPU kernels did not build: {cpu_attention_error()}"
+    return fused_op(torch.zeros(1))
+
+
+def _close(got, want):
+    if want.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:  # one unit in the last place of the dtype, relative
+        ulp = torch.finfo(want.dtype).eps
+        torch.testing.assert_close(got.float(), want.float(), rtol=ulp, atol=ulp)
+
+
+def _rms_norm_ref(x, w, eps):
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def _rotary_ref(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,width", [(1, 64), (3, 100), (37, 1024), (300, 13)])
+def test_rms_norm_and_add_rms_norm(op, dtype, rows, width, threads):
+    g = torch.Generator().manual_seed(rows * width)
+    x = (torch.randn(rows, width, generator=g) * 3).to(dtype)
+    a = torch.randn(rows, width, generator=g).to(dtype)
+    w = (1 + torch.randn(width, generator=g) / 4).to(dtype)
+    _close(op.rms_norm(x, w, 1e-5), _rms_norm_ref(x, w, 1e-5))
+    total, normed = op.add_rms_norm(x, a, w, 1e-6)
+    assert torch.equal(total, x + a)
+    _close(normed, _rms_norm_ref(x + a, w, 1e-6))
+    wide = torch.randn(rows, width + 7, generator=g).to(dtype)[:, :width]  # rows with a stride
+    _close(op.rms_norm(wide, w, 1e-5), _rms_norm_ref(wide, w, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,inner", [(1, 8), (5, 19), (64, 2816)])
+def test_silu_mul(op, dtype, rows, inner, threads):
+    g = torch.Generator().manual_seed(inner)
+    gate_up = (torch.randn(rows, 2 * inner, generator=g) * 4).to(dtype)
+    gate_up[0, 0], gate_up[-1, 1] = 95.0, -95.0  # exp's clamped range
+    gate, up = gate_up.chunk(2, dim=-1)
+    _close(op.silu_mul(gate_up), torch.nn.functional.silu(gate) * up)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,heads,kv_heads,dim", [(1, 4, 2, 64), (9, 16, 4, 64), (40, 6, 2, 32)])
+def test_rotary_in_place_on_views_of_a_fused_qkv(op, dtype, rows, heads, kv_heads, dim, threads):
+    g = torch.Generator().manual_seed(rows + heads)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
+    angles = torch.rand(rows, dim // 2, generator=g) * 50
+    cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k = q.reshape(rows, heads, dim), k.reshape(rows, kv_heads, dim)
+    want_q, want_k, want_v = _rotary_ref(q, cos, sin), _rotary_ref(k, cos, sin), v.clone()
+    op.rotary_(q, cos, sin)
+    op.rotary_(k, cos, sin)
+    _close(q, want_q)
+    _close(k, want_k)
+    assert torch.equal(v, want_v), "the rotation wrote outside q and k"
+
+
+def test_bad_shapes_are_refused(op):
+    with pytest.raises(RuntimeError, match="last dimension must be even"):
+        op.silu_mul(torch.zeros(2, 5))
+    with pytest.raises(RuntimeError, match="weight must be"):
+        op.rms_norm(torch.zeros(2, 8), torch.zeros(4), 1e-5)
+    with pytest.raises(RuntimeError, match="cos and sin"):
+        op.rotary_(torch.zeros(2, 1, 8), torch.zeros(3, 8), torch.zeros(3, 8))
