@@ -155,3 +155,15 @@ def test_raw_sse_framing_ends_with_done(http):
     assert all(line.startswith("data: ") for line in lines)
     assert lines[-1] == "data: [DONE]"
     assert all(json.loads(line[6:])["object"] == "chat.completion.chunk" for line in lines[:-1])
+
+
+def test_sse_events_survive_clients_that_split_lines_like_splitlines():
+    """httpx's iter_lines (and anything built on str.splitlines) also ends a line at U+0085, U+2028 and
+    U+2029, which JSON leaves raw in strings: a generated one cut an event in two (seen in CI)."""
+    from httpx._decoders import LineDecoder
+
+    from vlserve.server.sse import event
+
+    text = "a\u2028b\x85c\u2029d é"
+    lines = [line for line in LineDecoder().decode(event({"choices": [{"text": text}]})) if line]
+    assert len(lines) == 1 and json.loads(lines[0][6:])["choices"][0]["text"] == text

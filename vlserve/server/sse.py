@@ -7,9 +7,13 @@ from starlette.responses import StreamingResponse
 
 DONE = "data: [DONE]\n\n"
 
+# Line ends to str.splitlines (and so to httpx's iter_lines) that JSON leaves raw in strings: a client
+# splitting on them would cut an event in two. Escaped, they decode to the same text.
+_RAW_LINE_ENDS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
 
 def event(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"data: {json.dumps(payload, ensure_ascii=False).translate(_RAW_LINE_ENDS)}\n\n"
 
 
 class SSEResponse(StreamingResponse):
