@@ -16,6 +16,8 @@ Reported per system: requests/s and output tokens/s over the batch's wall time, 
 first token (p50/p90/p99; where the system reports them), and the prompt cache hit rate
 (Σ cached / Σ prompt tokens) against the optimum (Σ prompt − union trie of the prompts' token ids,
 pseudo-token ids for images). Writes OUT/<workload>.json, OUT/<workload>.png and OUT/workloads.md.
+The JSON also carries the GEMM peak measured before and after each workload (fp32, the same threads),
+from which `benchmarks/roofline.py --results OUT` gives every system's share of the compute roofline.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from vlserve.bench.client import EngineClient, Job
 from vlserve.bench.llava_bench import percentiles
 from vlserve.bench.models import BENCH_SPEC, SMALL_SPEC, bench_model, num_parameters
 from vlserve.bench.peers import PeerRun, run_transformers, run_vllm
+from vlserve.bench.roofline import gemm_peak
 
 SYSTEMS = ("vlserve-lpm", "vlserve-fcfs", "vlserve-nocache", "transformers", "vllm")
 VLSERVE_CONFIGS = {"vlserve-lpm": {"schedule_policy": "lpm"}, "vlserve-fcfs": {"schedule_policy": "fcfs"},
@@ -98,6 +101,7 @@ def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vl
     (the machine's load drifts, so neither system always goes first)."""
     reqs = W.WORKLOADS[name]()
     results, optimum, skipped = [], None, {}
+    peak_before = gemm_peak()[0]  # for benchmarks/roofline.py --results: the machine's rate in this run
     for repeat in range(repeats):
         for system in (systems if repeat % 2 == 0 else systems[::-1]):
             if system in skipped:
@@ -112,10 +116,11 @@ def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vl
                 continue
             results.append((repeat + 1, run))
             print(f"[{name}] {system}: {len(reqs) / run.wall_s:.2f} req/s", file=sys.stderr, flush=True)
+    peak_after = gemm_peak()[0]
     if optimum is None:
         optimum = _optimum_without_engine(model_dir, reqs)
     return {"workload": name, "requests": len(reqs), "new_tokens": W.NEW_TOKENS, "dtype": dtype,
-            "repeats": repeats,
+            "repeats": repeats, "gemm_peak_gflops": [round(peak_before, 1), round(peak_after, 1)],
             "mean_prompt_tokens": round(sum(results[0][1].prompt_tokens) / len(reqs), 1) if results else None,
             "optimal_hit_rate": round(optimum, 4),
             "systems": [{**asdict(summarise(r, optimum)), "repeat": k} for k, r in results], "skipped": skipped}
