@@ -2,7 +2,8 @@
 the CPU speed work, on BENCH_SPEC (random-weight LLaVA, 104.7 M parameters).
 
 Configurations (same checkpoint, same threads, same requests):
-- before:      plain F.linear (MKL) and the per-request reference attention (`reference` backend)
+- before:      plain F.linear (MKL), the per-request reference attention (`reference` backend) and
+               eager elementwise ops
 - after:       the CPU GEMM path (vlserve/model/cpu_gemm.py) and the batched C++ paged attention
 - after-bf16:  the same in bf16 (bf16 weights and KV pool)
 - after-no-small-gemm: `after` without the small-row GEMM kernel (oneDNN / MKL at every size): what
@@ -42,7 +43,7 @@ from vlserve.kernels import small_gemm
 from vlserve.model import llama
 
 CONFIGS = {
-    "before": {"cpu_gemm": False, "attention": "reference", "dtype": "float32"},
+    "before": {"cpu_gemm": False, "attention": "reference", "dtype": "float32", "fused": False},
     "after": {"cpu_gemm": True, "attention": "torch", "dtype": "float32"},
     "after-bf16": {"cpu_gemm": True, "attention": "torch", "dtype": "bfloat16"},
     "after-no-small-gemm": {"cpu_gemm": True, "attention": "torch", "dtype": "float32", "small_gemm": False},

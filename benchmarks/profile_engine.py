@@ -2,9 +2,9 @@
 scheduling thread over one workload, bucketed into GEMM, attention, sampling, other torch ops and
 Python (scheduling, batch building, everything interpreted).
 
-- before: plain F.linear and the per-request reference attention (the kernel made unavailable,
-  which is the documented fallback; linears left as nn.Linear)
-- after:  the defaults (CPU GEMM path, batched C++ attention)
+- before: plain F.linear, the per-request reference attention and eager elementwise ops (our CPU
+  kernels made unavailable, which is the documented fallback; linears left as nn.Linear)
+- after:  the defaults (CPU GEMM path, batched C++ attention, fused elementwise kernels)
 
     python benchmarks/profile_engine.py --workload questions_per_image --out benchmarks/results/profile_engine.md
 
@@ -33,12 +33,13 @@ def profile_run(model_dir: str, jobs: list[Job], threads: int, before: bool) -> 
     from vlserve import Engine
     from vlserve.engine.loop import EngineLoop
     from vlserve.kernels import cpu_attention
-    from vlserve.model import loader
+    from vlserve.model import llama, loader
 
-    saved = cpu_attention.cpu_attention_op, loader.use_cpu_gemm
+    saved = cpu_attention.cpu_attention_op, loader.use_cpu_gemm, llama.fused_op
     if before:
         cpu_attention.cpu_attention_op = lambda: None
         loader.use_cpu_gemm = lambda model: 0
+        llama.fused_op = lambda x: None
     profiler = cProfile.Profile()
     original_loop = EngineLoop._run
 
@@ -60,7 +61,7 @@ def profile_run(model_dir: str, jobs: list[Job], threads: int, before: bool) -> 
             wall = time.monotonic() - start
     finally:
         EngineLoop._run = original_loop
-        cpu_attention.cpu_attention_op, loader.use_cpu_gemm = saved
+        cpu_attention.cpu_attention_op, loader.use_cpu_gemm, llama.fused_op = saved
     return pstats.Stats(profiler), wall
 
 
