@@ -52,6 +52,13 @@ class Stream(threading.Thread):
             self.events.append(f"closed: {type(e).__name__}")
 
 
+def _wait_for_health(url: str, status: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while httpx.get(url + "/health", timeout=10).status_code != status:
+        assert time.monotonic() < deadline, f"/health never answered {status}"
+        time.sleep(0.05)
+
+
 def test_sigterm_drains_then_exits_zero():
     proc, url = _serve("--shutdown-timeout", "2")
     try:
@@ -61,7 +68,7 @@ def test_sigterm_drains_then_exits_zero():
         short.start()
         assert short.started.wait(60)
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        _wait_for_health(url, 503)  # the handler has run (a fixed sleep was too short on a loaded machine)
         refused = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=10)
         assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
         assert refused.headers.get("retry-after")
@@ -85,7 +92,7 @@ def test_a_second_signal_exits_at_once():
         stream.start()
         assert stream.started.wait(60)
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        _wait_for_health(url, 503)  # the first signal has been handled
         proc.send_signal(signal.SIGINT)
         started = time.monotonic()
         proc.wait(timeout=30)
