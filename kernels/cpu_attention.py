@@ -25,6 +25,7 @@ from .validate import check_decode_args, check_extend_args
 
 _SOURCES = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", name)
             for name in ("paged_attention_cpu.cpp", "small_gemm_cpu.cpp", "fused_cpu.cpp")]
+_HEADER = os.path.join(os.path.dirname(_SOURCES[0]), "vec_cpu.h")  # vector types and loads the three share
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}  # "op": the torch op, or "error": why it could not be built
 
@@ -41,7 +42,7 @@ def _extension_name() -> str:
     except OSError:
         pass
     digest = hashlib.sha1(flags.encode())
-    for path in _SOURCES:
+    for path in _SOURCES + [_HEADER]:
         with open(path, "rb") as f:
             digest.update(f.read())
     return "vlserve_cpu_attention_" + digest.hexdigest()[:10]

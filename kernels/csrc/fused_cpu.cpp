@@ -12,6 +12,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vec_cpu.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -22,18 +24,7 @@
 
 namespace {
 
-#if defined(__AVX512F__)
-#define VLSERVE_FUSED_LANES 16
-#else
-#define VLSERVE_FUSED_LANES 8
-#endif
-constexpr int kLanes = VLSERVE_FUSED_LANES;
-typedef float vf __attribute__((vector_size(VLSERVE_FUSED_LANES * 4)));
-typedef int32_t vi __attribute__((vector_size(VLSERVE_FUSED_LANES * 4)));
-
-inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof(v)); return v; }
-inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
-inline vf splat(float x) { return vf{} + x; }
+using namespace vlserve_vec;
 
 // exp for |x| <= 88 (clamped), Cephes' expf: 2^n * e^r with r in [-ln2/2, ln2/2], relative error
 // about 2e-7 (two fp32 ulps).
@@ -60,7 +51,7 @@ inline vf vexp(vf x) {
 
 inline float exp_scalar(float x) {
   float lanes[kLanes] = {x};
-  store(lanes, vexp(load(lanes)));
+  storeu(lanes, vexp(loadu(lanes)));
   return lanes[0];
 }
 
@@ -92,7 +83,7 @@ void norm_rows(const T* x, const T* a, const T* w, T* sum, T* out, int64_t rows,
       if constexpr (std::is_same_v<T, float>) {
         vf acc{};
         int64_t i = 0;
-        for (; i + kLanes <= H; i += kLanes) { const vf v = load(xr + i); acc += v * v; }
+        for (; i + kLanes <= H; i += kLanes) { const vf v = loadu(xr + i); acc += v * v; }
         for (int j = 0; j < kLanes; ++j) sq += acc[j];
         for (; i < H; ++i) sq += xr[i] * xr[i];
       } else {
@@ -148,8 +139,8 @@ void silu_mul_rows(const T* gu, T* out, int64_t rows, int64_t I) {
       int64_t i = 0;
       if constexpr (std::is_same_v<T, float>) {
         for (; i + kLanes <= I; i += kLanes) {
-          const vf gv = load(g + i);
-          store(o + i, gv / (1.0f + vexp(-gv)) * load(u + i));
+          const vf gv = loadu(g + i);
+          storeu(o + i, gv / (1.0f + vexp(-gv)) * loadu(u + i));
         }
       }
       for (; i < I; ++i) {

@@ -21,6 +21,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vec_cpu.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -31,16 +33,15 @@
 
 namespace {
 
+using namespace vlserve_vec;
+
 // Vector width: whatever -march=native gives. Registers bound the blocking: 16 of them with
 // AVX2, 32 with AVX-512, so AVX2 accumulates half as many output vectors at a time.
 #if defined(__AVX512F__)
-#define VLSERVE_LANES 16
 constexpr int kChunk = 4;  // output vectors per row accumulated in registers
 #else
-#define VLSERVE_LANES 8
 constexpr int kChunk = 2;
 #endif
-constexpr int kLanes = VLSERVE_LANES;  // floats per vector
 constexpr int kKeyTile = 2 * kLanes;   // keys per tile: two vectors of scores per row
 constexpr int kQueryBlock = 16;        // new tokens per work item in extend
 constexpr int kRowBlock = 4;           // rows updated together, sharing each key / value load
@@ -52,39 +53,7 @@ constexpr int kGemmQueryBlock = 128;
 constexpr int kGemmKeyBlock = 512;
 constexpr int kGemmMinRows = 32;
 
-// GCC/Clang vector extensions, one register wide.
-typedef float vf __attribute__((vector_size(VLSERVE_LANES * 4)));
-typedef int32_t vi __attribute__((vector_size(VLSERVE_LANES * 4)));
-typedef uint32_t vu __attribute__((vector_size(VLSERVE_LANES * 4)));
-typedef uint16_t vh __attribute__((vector_size(VLSERVE_LANES * 2)));
-typedef float vf4 __attribute__((vector_size(16)));
-
-inline vf splat(float x) { return vf{} + x; }
-inline vf loadu(const float* p) { vf v; std::memcpy(&v, p, sizeof(v)); return v; }
-inline void storeu(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
 inline vf select(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
-
-inline vf load16(const float* p) { return loadu(p); }
-inline vf load16(const c10::BFloat16* p) {  // bf16 is the top half of an fp32
-  vh h;
-  std::memcpy(&h, p, sizeof(h));
-  return (vf)(__builtin_convertvector(h, vu) << 16);
-}
-inline vf load16(const c10::Half* p) {
-  vf v;
-  for (int i = 0; i < kLanes; ++i) v[i] = static_cast<float>(p[i]);
-  return v;
-}
-
-inline float hsum(vf v) {
-  vf4 acc{};
-  for (int i = 0; i < kLanes; i += 4) {  // add the 4-float quarters, then within one
-    vf4 part;
-    std::memcpy(&part, reinterpret_cast<const char*>(&v) + i * sizeof(float), sizeof(part));
-    acc += part;
-  }
-  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
-}
 
 inline vi lane_ids() {
   vi ids;

@@ -14,6 +14,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vec_cpu.h"
+
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -21,38 +23,13 @@
 
 namespace {
 
-#if defined(__AVX512F__)
-#define VLSERVE_GEMM_LANES 16
-#else
-#define VLSERVE_GEMM_LANES 8
-#endif
-constexpr int kLanes = VLSERVE_GEMM_LANES;
+using namespace vlserve_vec;
+
 constexpr int kRows = 2;  // kRows * kCols accumulators + kCols weight vectors + 1 x vector <= 16 registers
 constexpr int kCols = 5;  // 2 x 5 measured best of 1x8, 2x4, 2x5, 2x6, 3x3, 4x2, 4x3 (AVX2)
 
-typedef float vf __attribute__((vector_size(VLSERVE_GEMM_LANES * 4)));
-typedef uint32_t vu __attribute__((vector_size(VLSERVE_GEMM_LANES * 4)));
-typedef uint16_t vh __attribute__((vector_size(VLSERVE_GEMM_LANES * 2)));
-typedef float vf4 __attribute__((vector_size(16)));
-
-inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof(v)); return v; }
-inline vf load(const c10::BFloat16* p) {  // bf16 is the top half of an fp32
-  vh h;
-  std::memcpy(&h, p, sizeof(h));
-  return (vf)(__builtin_convertvector(h, vu) << 16);
-}
 inline float widen(float x) { return x; }
 inline float widen(c10::BFloat16 x) { return static_cast<float>(x); }
-
-inline float hsum(vf v) {
-  vf4 acc{};
-  for (int i = 0; i < kLanes; i += 4) {
-    vf4 part;
-    std::memcpy(&part, reinterpret_cast<const char*>(&v) + i * sizeof(float), sizeof(part));
-    acc += part;
-  }
-  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
-}
 
 // Rows m0 .. m0+R-1 against weight rows n0 .. n0+C-1 (K a multiple of kLanes here; the rest in tail).
 template <typename W, int R, int C>
@@ -62,9 +39,9 @@ void block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t m
     for (int c = 0; c < C; ++c) acc[r][c] = vf{};
   for (int64_t k = 0; k < k_vec; k += kLanes) {
     vf wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = load(w + (n0 + c) * K + k);
+    for (int c = 0; c < C; ++c) wv[c] = load16(w + (n0 + c) * K + k);
     for (int r = 0; r < R; ++r) {
-      const vf xv = load(x + (m0 + r) * K + k);
+      const vf xv = load16(x + (m0 + r) * K + k);
       for (int c = 0; c < C; ++c) acc[r][c] += xv * wv[c];
     }
   }

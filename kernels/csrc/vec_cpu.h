@@ -1,0 +1,53 @@
+// One CPU vector register as GCC/Clang vector extensions, and the loads every kernel of ours shares
+// (paged attention, the small-row GEMM, the fused elementwise steps). The width is whatever
+// -march=native gives: 16 floats with AVX-512, else 8.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace vlserve_vec {
+
+#if defined(__AVX512F__)
+#define VLSERVE_LANES 16
+#else
+#define VLSERVE_LANES 8
+#endif
+constexpr int kLanes = VLSERVE_LANES;  // floats per vector
+
+typedef float vf __attribute__((vector_size(VLSERVE_LANES * 4)));
+typedef int32_t vi __attribute__((vector_size(VLSERVE_LANES * 4)));
+typedef uint32_t vu __attribute__((vector_size(VLSERVE_LANES * 4)));
+typedef uint16_t vh __attribute__((vector_size(VLSERVE_LANES * 2)));
+typedef float vf4 __attribute__((vector_size(16)));
+
+inline vf splat(float x) { return vf{} + x; }
+inline vf loadu(const float* p) { vf v; std::memcpy(&v, p, sizeof(v)); return v; }
+inline void storeu(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+
+// kLanes values of any stored dtype, widened to fp32.
+inline vf load16(const float* p) { return loadu(p); }
+inline vf load16(const c10::BFloat16* p) {  // bf16 is the top half of an fp32
+  vh h;
+  std::memcpy(&h, p, sizeof(h));
+  return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+inline vf load16(const c10::Half* p) {
+  vf v;
+  for (int i = 0; i < kLanes; ++i) v[i] = static_cast<float>(p[i]);
+  return v;
+}
+
+inline float hsum(vf v) {
+  vf4 acc{};
+  for (int i = 0; i < kLanes; i += 4) {  // add the 4-float quarters, then within one
+    vf4 part;
+    std::memcpy(&part, reinterpret_cast<const char*>(&v) + i * sizeof(float), sizeof(part));
+    acc += part;
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+}  // namespace vlserve_vec
