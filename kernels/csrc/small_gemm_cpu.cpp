@@ -31,13 +31,24 @@ constexpr int kCols = 5;  // 2 x 5 measured best of 1x8, 2x4, 2x5, 2x6, 3x3, 4x2
 inline float widen(float x) { return x; }
 inline float widen(c10::BFloat16 x) { return static_cast<float>(x); }
 
+// The next column block's weight rows, fetched ahead of use: `lines` cache lines from `next`, spread
+// evenly over one pass of the k loop.
+struct Prefetch {
+  const char* next;
+  int64_t lines;
+};
+
 // Rows m0 .. m0+R-1 against weight rows n0 .. n0+C-1 (K a multiple of kLanes here; the rest in tail).
 template <typename W, int R, int C>
-void block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t n0, int64_t k_vec) {
+void block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t n0, int64_t k_vec,
+           Prefetch pf) {
   vf acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = vf{};
+  const int64_t steps = k_vec / kLanes;
+  int64_t owed = 0;  // lines * step / steps, in units of 1 / steps
   for (int64_t k = 0; k < k_vec; k += kLanes) {
+    for (owed += pf.lines; owed >= steps && steps > 0; owed -= steps, pf.next += 64) __builtin_prefetch(pf.next, 0, 3);
     vf wv[C];
     for (int c = 0; c < C; ++c) wv[c] = load16(w + (n0 + c) * K + k);
     for (int r = 0; r < R; ++r) {
@@ -54,16 +65,26 @@ void block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t m
   }
 }
 
+// The weight streams from memory and is the bound below a dozen rows; the hardware prefetcher alone
+// keeps too few lines in flight once every line is reused by several row blocks (the first pass
+// waits on memory, the later ones leave it idle). So the passes over this column block also fetch
+// the next block's rows (`next`: contiguous, C * K weights; null for the last), each pass its share.
 template <typename W, int C>
-void column_block(const float* x, const W* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0) {
+void column_block(const float* x, const W* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0,
+                  const W* next) {
+  static_assert(kRows == 2, "at most one row is left after the row blocks");
   const int64_t k_vec = K - K % kLanes;
+  const int64_t passes = (M + kRows - 1) / kRows;
+  const int64_t lines = next == nullptr ? 0 : (C * K * static_cast<int64_t>(sizeof(W)) + 63) / 64;
+  const char* cursor = reinterpret_cast<const char*>(next);
   int64_t m0 = 0;
-  for (; m0 + kRows <= M; m0 += kRows) block<W, kRows, C>(x, w, y, K, N, m0, n0, k_vec);
-  switch (M - m0) {
-    case 3: block<W, 3, C>(x, w, y, K, N, m0, n0, k_vec); break;
-    case 2: block<W, 2, C>(x, w, y, K, N, m0, n0, k_vec); break;
-    case 1: block<W, 1, C>(x, w, y, K, N, m0, n0, k_vec); break;
-    default: break;
+  for (int64_t pass = 0; pass < passes; ++pass, m0 += kRows) {
+    // this pass's share of the lines: [pass * lines / passes, (pass + 1) * lines / passes)
+    const int64_t share = (pass + 1) * lines / passes - pass * lines / passes;
+    const Prefetch pf{cursor, share};
+    cursor += share * 64;
+    if (m0 + kRows <= M) block<W, kRows, C>(x, w, y, K, N, m0, n0, k_vec, pf);
+    else block<W, 1, C>(x, w, y, K, N, m0, n0, k_vec, pf);
   }
 }
 
@@ -74,10 +95,13 @@ void run(const float* x, const W* w, const float* bias, float* y, int64_t M, int
   at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n0 = b * kCols;
+      // one row block is a single pass, which the hardware prefetcher keeps up with (measured)
+      const bool fetch_next = M > kRows && b + 1 < end && n0 + 2 * kCols <= N;
+      const W* next = fetch_next ? w + (n0 + kCols) * K : nullptr;
       if (n0 + kCols <= N) {
-        column_block<W, kCols>(x, w, y, M, K, N, n0);
+        column_block<W, kCols>(x, w, y, M, K, N, n0, next);
       } else {
-        for (int64_t n = n0; n < N; ++n) column_block<W, 1>(x, w, y, M, K, N, n);
+        for (int64_t n = n0; n < N; ++n) column_block<W, 1>(x, w, y, M, K, N, n, nullptr);
       }
     }
   });
