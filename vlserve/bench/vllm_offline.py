@@ -2,7 +2,8 @@
 
     VENV/bin/python vllm_offline.py spec.json out.json
 
-spec: {"model", "threads", "dtype", "requests": [{"prompt", "images": [png paths], "max_new_tokens"}]}.
+spec: {"model", "threads", "dtype", "max_num_batched_tokens" (or null: vLLM's default),
+       "requests": [{"prompt", "images": [png paths], "max_new_tokens"}]}.
 out: wall time of one LLM.generate over every request (after a warm-up), per-request token counts,
 num_cached_tokens (prefix-cache hits), and latency / time to first token where vLLM reports them.
 """
@@ -20,8 +21,10 @@ def main(spec_path: str, out_path: str) -> None:
     spec = json.load(open(spec_path))
     reqs = spec["requests"]
     max_images = max(1, max(len(r["images"]) for r in reqs))
+    budget = {"max_num_batched_tokens": spec["max_num_batched_tokens"]} if spec.get("max_num_batched_tokens") else {}
     llm = LLM(model=spec["model"], enforce_eager=True, enable_prefix_caching=True, dtype=spec.get("dtype", "float32"),
-              max_model_len=4096, limit_mm_per_prompt={"image": max_images}, seed=0)
+              max_model_len=4096, limit_mm_per_prompt={"image": max_images}, seed=0,
+              disable_log_stats=False, **budget)  # with stats on, each output carries its timings
     inputs = []
     for r in reqs:
         item = {"prompt": r["prompt"]}
@@ -37,11 +40,14 @@ def main(spec_path: str, out_path: str) -> None:
     wall = time.time() - start
     latency, ttft = [], []
     for o in outs:
+        # vLLM's RequestStateStats: arrival_time is wall-clock, the *_ts are the engine core's
+        # monotonic clock, so latency is the first token's latency plus last_token_ts - first_token_ts.
         m = getattr(o, "metrics", None)
-        first, last = getattr(m, "first_token_ts", None), getattr(m, "last_token_ts", None)
-        if first and last and getattr(m, "arrival_time", None):
-            ttft.append(first - m.arrival_time)
-            latency.append(last - m.arrival_time)
+        first_latency = getattr(m, "first_token_latency", 0.0)
+        first, last = getattr(m, "first_token_ts", 0.0), getattr(m, "last_token_ts", 0.0)
+        if first_latency > 0 and first > 0 and last >= first:
+            ttft.append(first_latency)
+            latency.append(first_latency + (last - first))
     result = {"version": vllm.__version__, "wall_s": wall, "block_size": _block_size(llm),
               "prompt_tokens": [len(o.prompt_token_ids) for o in outs],
               "completion_tokens": [len(o.outputs[0].token_ids) for o in outs],
