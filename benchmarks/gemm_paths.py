@@ -6,6 +6,7 @@ Paths (all shipped with torch's CPU build):
 - onednn:       torch.ops.mkldnn._linear_pointwise on a weight reordered for oneDNN
 - bf16:         F.linear in bf16 / bf16 oneDNN with a reordered weight (bf16_onednn)
 - small:        our small-row kernel (vlserve.kernels.small_gemm), fp32, below its 32-row limit
+- small_no_prefetch: the same without its software prefetch of the next column block's weights
 
 Layer shapes are BENCH_SPEC's decoder (qkv, o, gate_up, down, lm_head). Paths are timed in turn,
 in alternating order, `--repeats` times; the table gives the median GFLOP/s and each path's ratio
@@ -13,9 +14,14 @@ to mkl in the same run.
 
     python benchmarks/gemm_paths.py --threads 2 --out benchmarks/results/gemm_paths.md
     python benchmarks/gemm_paths.py --threads 1 --clock cpu --out benchmarks/results/gemm_paths_cpu1.md
+
+--copies N times each path over N copies of the weight in turn: with N x the layer's size past the
+last-level cache (4 copies of gate_up are 92 MB), every call streams its weight from memory, as a
+model's layers do in serving; with 1 copy a layer up to 23 MB stays in a 32 MB L3 between calls.
 """
 
 import argparse
+import itertools
 import os
 import statistics
 import time
@@ -44,6 +50,7 @@ def make_paths(w: torch.Tensor, rows: int) -> dict:
     small = small_gemm.small_linear_op()
     if small is not None and rows < small_gemm.MAX_ROWS:
         paths["small"] = (lambda x: small(x, w, None), torch.float32)
+        paths["small_no_prefetch"] = (lambda x: small(x, w, None, prefetch=False), torch.float32)
     if torch.backends.mkldnn.is_available():
         try:
             reordered_b = torch.ops.mkldnn._reorder_linear_weight(wb, rows)
@@ -69,14 +76,26 @@ def time_call(fn, x, min_seconds: float) -> float:
             return elapsed / n
 
 
-def measure(rows_list, repeats: int, min_seconds: float) -> list[dict]:
+def over_copies(weights: list[torch.Tensor], rows: int) -> dict:
+    """make_paths for each copy; each path's function calls the copies in turn."""
+    per_copy = [make_paths(w, rows) for w in weights]
+
+    def cycling(fns):
+        turn = itertools.cycle(fns)
+        return lambda x: next(turn)(x)
+
+    return {p: (cycling([paths[p][0] for paths in per_copy]), dtype) for p, (_, dtype) in per_copy[0].items()}
+
+
+def measure(rows_list, repeats: int, min_seconds: float, copies: int = 1) -> list[dict]:
     out = []
     torch.manual_seed(0)
     for name, (k, n) in SHAPES.items():
         w = torch.randn(n, k) / k ** 0.5
+        weights = [w] + [w.clone() for _ in range(copies - 1)]
         for rows in rows_list:
             x = torch.randn(rows, k)
-            paths = make_paths(w, rows)
+            paths = over_copies(weights, rows)
             ref = F.linear(x, w)
             for path, (fn, dtype) in paths.items():  # every path computes the same product
                 err = ((fn(x.to(dtype)).float() - ref).abs().max() / ref.abs().max()).item()
@@ -116,6 +135,7 @@ def main():
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 256, 1024])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--min-seconds", type=float, default=0.2)
+    ap.add_argument("--copies", type=int, default=1, help="copies of each weight, timed in turn (see above)")
     ap.add_argument("--layers", nargs="+", default=list(SHAPES))
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: process CPU time, for a machine shared with other jobs (use with --threads 1)")
@@ -126,8 +146,9 @@ def main():
     for name in list(SHAPES):
         if name not in args.layers:
             del SHAPES[name]
-    results = measure(args.rows, args.repeats, args.min_seconds)
+    results = measure(args.rows, args.repeats, args.min_seconds, args.copies)
     text = (f"GEMM paths, torch {torch.__version__}, {args.threads} threads, {args.clock} clock, "
+            f"{args.copies} cop{'y' if args.copies == 1 else 'ies'} of each weight, "
             f"load average {os.getloadavg()[0]:.1f}, CPU capability "
             f"{torch.backends.cpu.get_cpu_capability()}, oneDNN bf16 supported: "
             f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}\n\n" + table(results) + "\n")

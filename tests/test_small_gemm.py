@@ -34,6 +34,16 @@ def test_fp32_matches_float64(op, threads, rows, n, k, bias):
     torch.testing.assert_close(y.double(), reference(x, w, b), rtol=1e-5, atol=1e-5 * k ** 0.5)
 
 
+@pytest.mark.parametrize("rows", [3, 16, 31])
+def test_prefetch_changes_no_result(op, threads, rows):
+    # the prefetch reads ahead into the next column block (and stops before the tail): the product
+    # must be bit-identical with and without it, n-tail and bf16 weights included
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 1024, generator=g)
+    for w in (torch.randn(1029, 1024, generator=g), torch.randn(517, 1024, generator=g).bfloat16()):
+        assert torch.equal(op(x, w, None), op(x, w, None, prefetch=False))
+
+
 def test_bf16_weights_are_widened_exactly(op, threads):
     g = torch.Generator().manual_seed(3)
     x, w = torch.randn(9, 200, generator=g), torch.randn(45, 200, generator=g).bfloat16()

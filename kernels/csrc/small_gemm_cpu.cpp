@@ -6,7 +6,8 @@
 // kCols weight vectors and one x vector per row, and does kRows * kCols FMAs; the kCols weight rows
 // (kCols * K floats) stay in L1 while every row block passes over them. Each accumulator is summed
 // across its lanes once at the end. Weights may be fp32 or bf16 (widened on load: half the bytes
-// from memory, which is what bounds one-row decode); x and y are fp32.
+// from memory, which is what bounds one-row decode); x and y are fp32. While the row blocks pass over
+// one column block, they prefetch the next block's weight rows (column_block).
 //
 // Threads split the output columns; each takes whole column blocks.
 
@@ -89,14 +90,14 @@ void column_block(const float* x, const W* w, float* y, int64_t M, int64_t K, in
 }
 
 template <typename W>
-void run(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N) {
+void run(const float* x, const W* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N, bool prefetch) {
   const int64_t blocks = (N + kCols - 1) / kCols;
   // Grain: enough column blocks per task that a thread's share is worth waking it for.
   at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n0 = b * kCols;
       // one row block is a single pass, which the hardware prefetcher keeps up with (measured)
-      const bool fetch_next = M > kRows && b + 1 < end && n0 + 2 * kCols <= N;
+      const bool fetch_next = prefetch && M > kRows && b + 1 < end && n0 + 2 * kCols <= N;
       const W* next = fetch_next ? w + (n0 + kCols) * K : nullptr;
       if (n0 + kCols <= N) {
         column_block<W, kCols>(x, w, y, M, K, N, n0, next);
@@ -111,7 +112,10 @@ void run(const float* x, const W* w, const float* bias, float* y, int64_t M, int
   }
 }
 
-at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight_in, const c10::optional<at::Tensor>& bias_in) {
+// prefetch=false leaves the weight stream to the hardware prefetcher alone (benchmarks/gemm_paths.py
+// measures both).
+at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight_in, const c10::optional<at::Tensor>& bias_in,
+                        bool prefetch) {
   TORCH_CHECK(x_in.device().is_cpu() && weight_in.device().is_cpu(), "small_linear runs on CPU tensors");
   TORCH_CHECK(x_in.scalar_type() == at::kFloat, "small_linear: x must be float32, got ", x_in.scalar_type());
   TORCH_CHECK(weight_in.dim() == 2 && x_in.dim() >= 1 && x_in.size(-1) == weight_in.size(1),
@@ -130,9 +134,9 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight_in, con
   at::Tensor y = at::empty({M, N}, x.options());
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   if (weight.scalar_type() == at::kFloat) {
-    run<float>(x.data_ptr<float>(), weight.data_ptr<float>(), bp, y.data_ptr<float>(), M, K, N);
+    run<float>(x.data_ptr<float>(), weight.data_ptr<float>(), bp, y.data_ptr<float>(), M, K, N, prefetch);
   } else {
-    run<c10::BFloat16>(x.data_ptr<float>(), weight.data_ptr<c10::BFloat16>(), bp, y.data_ptr<float>(), M, K, N);
+    run<c10::BFloat16>(x.data_ptr<float>(), weight.data_ptr<c10::BFloat16>(), bp, y.data_ptr<float>(), M, K, N, prefetch);
   }
   std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
   shape.back() = N;
@@ -152,7 +156,7 @@ int64_t parallel_threads(int64_t n) {
 }  // namespace
 
 TORCH_LIBRARY(vlserve_gemm, m) {
-  m.def("small_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("small_linear(Tensor x, Tensor weight, Tensor? bias, bool prefetch=True) -> Tensor");
   m.def("parallel_threads(int n) -> int");
 }
 
