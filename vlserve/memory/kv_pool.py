@@ -30,8 +30,11 @@ class KVPool:
         return self.k_buffers[0].shape[0]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k_buffers[layer][slots] = k.to(self.k_buffers[layer].dtype)
-        self.v_buffers[layer][slots] = v.to(self.v_buffers[layer].dtype)
+        # index_copy_, not buffer[slots] = k: on the CPU the indexed assignment (index_put_) took
+        # 60 us for a 14-token extend against 10 us here, twice a layer on every step
+        slots = slots.to(torch.int64)
+        self.k_buffers[layer].index_copy_(0, slots, k.to(self.k_buffers[layer].dtype))
+        self.v_buffers[layer].index_copy_(0, slots, v.to(self.v_buffers[layer].dtype))
 
     @staticmethod
     def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
