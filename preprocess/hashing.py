@@ -5,6 +5,8 @@ requests with the same image get the same ids (so they share a radix-cache prefi
 images collide only with probability ~n * 2**-62 per position pair.
 """
 
+import functools
+
 import numpy as np
 import xxhash
 
@@ -34,8 +36,13 @@ def pad_values(image_hash: bytes, n: int) -> list[int]:
         raise ValueError(f"image_hash must be 16 bytes (xxh3_128), got {len(image_hash)}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    return [PSEUDO_TOKEN_MIN | (xxhash.xxh3_64_intdigest(image_hash + i.to_bytes(8, "little")) >> 2)
-            for i in range(n)]
+    return list(_pad_values(image_hash, n))
+
+
+@functools.lru_cache(maxsize=512)  # a follow-up about the same picture reuses them (256-2,880 ids each)
+def _pad_values(image_hash: bytes, n: int) -> tuple[int, ...]:
+    return tuple(PSEUDO_TOKEN_MIN | (xxhash.xxh3_64_intdigest(image_hash + i.to_bytes(8, "little")) >> 2)
+                 for i in range(n))
 
 
 def is_pseudo_token(token_id: int) -> bool:
