@@ -66,6 +66,30 @@ def test_extend_matches_reference(page_size, heads, head_dim, case, threads):
     assert rel_err(out, batch.extend(extend_attention_ref)) < TOLERANCE[torch.float32]
 
 
+def test_scratch_kept_across_calls_never_leaks_into_a_result(threads):
+    # Each thread keeps its scratch buffers from call to call. Big problems with huge scores (q x 300)
+    # leave running maxima of thousands and large sums behind; smaller problems of other shapes must
+    # then match the reference as they do on fresh buffers (a running max or sum not reset would
+    # underflow every exp to 0 and give NaN).
+    sequence = [
+        ((EXTEND_CASES[3][0], EXTEND_CASES[3][1]), (16, 2), 128),  # the BLAS path, the widest scratch
+        ((EXTEND_CASES[0][0], EXTEND_CASES[0][1]), (16, 2), 128),  # the register-blocked path
+        ((DECODE_LENS, None), (8, 2), 64),
+        ((EXTEND_CASES[0][0], EXTEND_CASES[0][1]), (4, 4), 24),
+        ((EXTEND_CASES[1][0], EXTEND_CASES[1][1]), (8, 2), 64),
+        (([3, 9], None), (6, 1), 20),
+    ]
+    for n, ((seq_lens, extend_lens), heads, head_dim) in enumerate(sequence):
+        batch = random_paged_batch(seq_lens, extend_lens, *heads, head_dim, torch.float32, 1, seed=head_dim)
+        if n < 2:
+            batch.q.mul_(300.0)
+        if extend_lens is None:
+            out, ref = batch.decode(decode_attention_cpu), batch.decode(decode_attention_ref)
+        else:
+            out, ref = batch.extend(extend_attention_cpu), batch.extend(extend_attention_ref)
+        assert rel_err(out, ref) < TOLERANCE[torch.float32], (seq_lens, heads, head_dim)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_matches_reference(dtype):
     batch = random_paged_batch([50, 9, 120], [50, 3, 1], 8, 2, 64, dtype, page_size=8, seed=7)
