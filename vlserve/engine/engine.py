@@ -32,6 +32,7 @@ from vlserve.model.attention import default_backend_name
 from vlserve.model.tensor_parallel import check_shardable, kv_heads_per_rank
 from vlserve.model.builtin import builtin_model_path
 from vlserve.model.loader import load_model
+from vlserve.model.cpu_allocator import keep_freed_memory
 from vlserve.model.cpu_threads import configure_compute_threads, media_workers
 from vlserve.preprocess import DEFAULT_NUM_FRAMES, MediaLimits, ProcessedImageCache
 from vlserve.runner.model_runner import ModelRunner
@@ -50,6 +51,8 @@ class Engine:
         threads = configure_compute_threads(args.num_threads or (
             threads_per_rank(args.tp_size, args.nnodes) if args.tp_size > 1 else None))
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "cpu":
+            keep_freed_memory()  # before the engine's threads first allocate (model/cpu_allocator.py)
         self.loaded = load_model(args.model or builtin_model_path(), dtype=args.dtype, device=device)
         text = self.loaded.config.text
         if args.tp_size > 1:
