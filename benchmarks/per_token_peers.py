@@ -7,9 +7,10 @@ Method (the same for every system, through its ordinary offline API): for batch 
 prompts of about --prompt tokens (random words, so no prefix is shared beyond the chat header);
 one generate of 1 new token (the prefill: wall time T1) and one of 1 + --steps new tokens on fresh
 prompts of the same lengths, EOS ignored. prefill tok/s = B x prompt tokens / T1; decode tok/s =
-B x steps / D, where D is the second run's median latency minus its median time to first token for
-the systems that report both per request (vlserve, vLLM), and its wall time minus T1 for transformers
-(one batched generate reports neither). Every system prefills the whole batch in one step (vlserve's
+B x steps / D, where D is the second run's median latency minus its median time to first token
+(vlserve's per-request timings, vLLM's RequestStateStats, and for transformers' one batched generate
+the times a streamer sees its first and last step; a system reporting neither would fall back to
+its wall time minus T1). Every system prefills the whole batch in one step (vlserve's
 chunked_prefill_size and vLLM's max_num_batched_tokens are raised to the batch's prompt tokens), so
 every request's first token comes from that step and the time after it is decode steps of the whole
 batch only: with a smaller budget a request answered by the first prefill chunk would count the later

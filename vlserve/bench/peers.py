@@ -57,6 +57,20 @@ def expand_media(req: Job, video_frames: int) -> tuple[str, list]:
 # ---------------------------------------------------------------- transformers
 
 
+class _StepClock:
+    """A generate() streamer that only timestamps: put() gets the prompt ids first, then each step's
+    new tokens (the whole batch's), so times[1] is the first token and times[-1] the last."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        self.times.append(time.monotonic())
+
+    def end(self) -> None:
+        pass
+
+
 def run_transformers(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: int | None = None,
                      warmup: bool = True, dtype: str = "float32") -> PeerRun:
     import torch
@@ -72,11 +86,14 @@ def run_transformers(model_dir: str, reqs: list[Job], video_frames: int = 8, thr
     if any(r.max_new_tokens != new_tokens for r in reqs):
         raise ValueError("transformers' batched generate needs one max_new_tokens for the whole batch")
 
+    clock = _StepClock()
+
     @torch.no_grad()
     def generate(idx: list[int], n_new: int):
         kw = {"images": [images[i] for i in idx]} if any(images[i] for i in idx) else {}
         enc = processor(text=[prompts[i] for i in idx], padding=True, return_tensors="pt", **kw)
-        out = model.generate(**enc, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False)
+        clock.times.clear()
+        out = model.generate(**enc, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, streamer=clock)
         return enc, out
 
     if warmup:
@@ -87,8 +104,11 @@ def run_transformers(model_dir: str, reqs: list[Job], video_frames: int = 8, thr
     width = enc["input_ids"].shape[1]
     prompt_tokens = enc["attention_mask"].sum(dim=1).tolist()
     texts = processor.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    # the whole batch steps together: every request's first token comes with the batch's first step
+    first, last = clock.times[1] - start, clock.times[-1] - start
     return PeerRun("transformers", wall, prompt_tokens, [out.shape[1] - width] * len(reqs), None,
-                   [wall] * len(reqs), [], texts, "one left-padded batch; every request ends with the batch")
+                   [last] * len(reqs), [first] * len(reqs), texts,
+                   "one left-padded batch; every request ends with the batch")
 
 
 # ---------------------------------------------------------------- vLLM
