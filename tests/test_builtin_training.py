@@ -207,3 +207,12 @@ def test_turn_priority_only_changes_which_questions(maker):
 def test_video_kind_is_checked():
     with pytest.raises(ValueError, match="kind"):
         scenes.video_scene(random.Random(0), 4, kind="spin")
+
+
+def test_a_batch_can_give_every_sequence_the_same_number_of_turns(maker):
+    rng = random.Random(3)
+    image_scenes = [scenes.image_scene(rng) for _ in range(6)]
+    batch = maker.make(image_scenes, turns=3)
+    assert [len(spans) for spans in batch.qtypes] == [3] * 6
+    video = scenes.video_scene(rng, 4, kind="move")
+    assert [len(s) for s in maker.make([video], turns=9).qtypes] == [len(video.qas)]
