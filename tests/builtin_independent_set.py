@@ -4,7 +4,7 @@ phrased its own way, and its own scoring (keywords in the answer, not the traini
 
 It stands for the pictures a new user draws: shapes anywhere and of any size, the cases issue 21
 found wrong (one centred triangle, two shapes side by side, one large circle across the middle),
-wide and tall pictures, videos moving any way, and pictures with no shape at all.
+wide and tall pictures, videos moving any way, pictures with no shape at all, and real photographs.
 
     python tests/builtin_independent_set.py [MODEL_DIR]     # prints per-type accuracy
 """
@@ -228,7 +228,23 @@ def build(seed: int = 4242, per_type: int = 16) -> list[Item]:
         q = ["What colour is the square?", "How many circles are there?", "What shape do you see?",
              "Describe the picture."][i % 4]
         items.append(Item([img], q, "no known shape", declines))
+
+    questions = ["What colour is the circle?", "How many shapes are there?", "Where is the triangle?",
+                 "What do you see in this picture?"]
+    for i, photo in enumerate(photographs()):
+        for q in questions[i % 2::2]:
+            items.append(Item([photo], q, "photograph", declines))
     return items
+
+
+def photographs() -> list[Image.Image]:
+    """A real photograph (matplotlib's sample portrait of Grace Hopper), whole and three crops: the
+    face, the flag behind her, the uniform."""
+    from matplotlib import cbook
+
+    with Image.open(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)) as im:
+        photo = im.convert("RGB")
+    return [photo] + [photo.crop(box) for box in ((150, 40, 420, 310), (0, 0, 150, 250), (80, 340, 512, 600))]
 
 
 @dataclass

@@ -186,6 +186,28 @@ def test_outside_pictures_have_no_shape_and_one_answer():
         assert {qa.qtype for qa in sc.qas} == {scenes.OUTSIDE_QTYPE}
 
 
+def test_photograph_like_noise_falls_as_one_over_f():
+    """The clutter pictures' background has a photograph's spectrum: amplitude ~ 1 / f ** alpha."""
+    field = scenes._one_over_f(128, 128, 1.2, np.random.default_rng(0))
+    assert abs(field.std() - 1.0) < 1e-3
+    amplitude = np.abs(np.fft.fft2(field))
+    f = np.hypot(np.fft.fftfreq(128)[:, None], np.fft.fftfreq(128)[None, :])
+    bands = [(0.02, 0.04), (0.08, 0.16), (0.25, 0.5)]
+    mean_amp = [amplitude[(f >= lo) & (f < hi)].mean() for lo, hi in bands]
+    mean_f = [f[(f >= lo) & (f < hi)].mean() for lo, hi in bands]
+    slope = np.polyfit(np.log(mean_f), np.log(mean_amp), 1)[0]
+    assert -1.35 < slope < -1.05, slope
+
+
+def test_clutter_pictures_have_no_flat_region():
+    """Every blob is shaded and textured: no 8x8 window of a clutter picture is one colour."""
+    rng = random.Random(5)
+    for i in range(6):
+        img = np.asarray(scenes._clutter(scenes.View(128, 96), rng, np.random.default_rng(i)), dtype=np.float32)
+        windows = img[:96, :128].reshape(12, 8, 16, 8, 3).std(axis=(1, 3)).max(axis=-1)
+        assert windows.min() > 2.0, windows.min()  # flat blobs (no light, no texture): 0.9-2.6
+
+
 def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="kind"):
         scenes.samples(1, 0, kind="audio")

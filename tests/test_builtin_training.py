@@ -216,3 +216,35 @@ def test_a_batch_can_give_every_sequence_the_same_number_of_turns(maker):
     assert [len(spans) for spans in batch.qtypes] == [3] * 6
     video = scenes.video_scene(rng, 4, kind="move")
     assert [len(s) for s in maker.make([video], turns=9).qtypes] == [len(video.qas)]
+
+
+def test_question_type_overrides_change_the_answer_weight_and_the_turn_mix():
+    tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
+    plain = BatchMaker(tok, build_image_processor(), seed=0, grid=GRID)
+    tuned = BatchMaker(tok, build_image_processor(), seed=0, grid=GRID,
+                       qtype_weight={"colour": 7.5}, turn_priority={"colour": 50.0})
+    scene = _multi_object_scene(3)
+    colour = [qa for qa in scene.qas if qa.qtype == "colour"][:1]
+    _, w_plain, spans, _ = plain.encode(scene, colour)
+    _, w_tuned, _, _ = tuned.encode(scene, colour)
+    _, start, end = spans[0]
+    # QTYPE_WEIGHT["colour"] is 1.0; the multi-object boost multiplies both alike
+    assert {t / p for t, p in zip(w_tuned[start:end], w_plain[start:end])} == {7.5}
+
+    def colour_first(maker):
+        return sum(maker.pick_turns(scene.qas, 1, priority=True)[0].qtype == "colour" for _ in range(200))
+    tuned_share, plain_share = colour_first(tuned), colour_first(plain)
+    assert tuned_share > 120 and tuned_share > 2 * plain_share, (tuned_share, plain_share)
+
+
+def test_override_flags_name_a_known_question_type():
+    import argparse
+
+    from vlserve.builtin.train import QTYPE_WEIGHT, _overrides
+
+    parser = argparse.ArgumentParser()
+    assert _overrides(parser, ["position=3", "caption=4.5"], QTYPE_WEIGHT) == {"position": 3.0, "caption": 4.5}
+    with pytest.raises(SystemExit):
+        _overrides(parser, ["positon=3"], QTYPE_WEIGHT)
+    with pytest.raises(SystemExit):
+        _overrides(parser, ["position=high"], QTYPE_WEIGHT)

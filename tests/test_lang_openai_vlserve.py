@@ -19,9 +19,9 @@ def url():
 
 def caption_fields(s):
     # the built-in model's answer to a colour change: "It changes from red to blue." Without a video
-    # the model goes on " to blue." only once the first colour is given, so "first" is what it writes
-    # between "red" and " to" (nothing) and "second" the colour after it.
-    s += "USER: What happens in the video? ASSISTANT: It changes from red"
+    # it still writes the sentence once it is begun ("It changes from" -> " blue to green."), so
+    # "first" is the colour before " to" and "second" the one after it.
+    s += "USER: What happens in the video? ASSISTANT: It changes from"
     s += sgl.gen("first", stop=" to") + " to" + sgl.gen("second", stop=".") + "."
 
 
@@ -37,7 +37,7 @@ def test_speculation_cuts_calls_and_billed_prompt_tokens_on_vlserve_completions(
 
     variables = ("first", "second")
     assert {k: with_spec[k] for k in variables} == {k: without[k] for k in variables}
-    assert without["second"].strip() in scenes.COLOURS  # the model wrote the template's words
+    assert {without["first"].strip(), without["second"].strip()} <= set(scenes.COLOURS)  # the template's words
     assert (plain.token_usage.calls, spec.token_usage.calls) == (2, 1)
     assert 2 * spec.token_usage.prompt_tokens < plain.token_usage.prompt_tokens
 

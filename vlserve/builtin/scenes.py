@@ -8,8 +8,8 @@ side and centre-crops a square (CLIP's processing), so shapes are placed inside 
 and every answer (count, position, caption) is read from the shapes' own label mask of the view.
 
 A video scene is 4-8 frames of one shape that moves in one of eight directions, changes colour,
-appears or disappears. An out-of-world scene (noise, a photograph-like texture, a blank picture) has
-no known shape, and every question about it is answered with `CANNOT_TELL`.
+appears or disappears. An out-of-world scene (noise, a photograph-like texture or clutter, a blank
+picture) has no known shape, and every question about it is answered with `CANNOT_TELL`.
 
 Each scene keeps a label mask of the model's view per frame (0 = background, k = k-th object), which
 training uses for its per-patch targets; serving never sees it.
@@ -439,8 +439,11 @@ def outside_picture(kind: str, view: View, rng: random.Random) -> Image.Image:
         rgb = (_jitter(rng.choice([*BACKGROUNDS.values(), *COLOURS.values()]), rng, 25) if rng.random() < 0.5
                else tuple(rng.randrange(256) for _ in range(3)))
         return Image.new("RGB", (w, h), rgb)
-    if rng.random() < 0.35:
+    pick = rng.random()
+    if pick < 0.3:
         return _landscape(view, rng, np_rng)
+    if pick < 0.65:
+        return _clutter(view, rng, np_rng)
     # photo-like: smooth colour fields at a few scales, a horizon-like gradient, fine grain
     img = np.zeros((h, w, 3), dtype=np.float32)
     for cells, weight in ((rng.randint(2, 4), 1.0), (rng.randint(5, 12), 0.5)):
@@ -468,6 +471,47 @@ def _landscape(view: View, rng: random.Random, np_rng: np.random.Generator) -> I
     below = (np.linspace(0, 1, h, dtype=np.float32)[:, None] > horizon)[..., None]
     arr = np.where(below, band(), band()) + np_rng.normal(0, rng.uniform(1, 8), (h, w, 1))
     return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+
+
+def _one_over_f(h: int, w: int, alpha: float, np_rng: np.random.Generator) -> np.ndarray:
+    """Noise whose amplitude falls as 1 / frequency ** alpha (photographs: alpha near 1), unit std."""
+    f = np.hypot(np.fft.fftfreq(h)[:, None], np.fft.fftfreq(w)[None, :])
+    f[0, 0] = 1.0
+    spectrum = (np_rng.normal(size=(h, w)) + 1j * np_rng.normal(size=(h, w))) / f ** alpha
+    spectrum[0, 0] = 0.0
+    field = np.fft.ifft2(spectrum).real
+    return (field / (field.std() + 1e-6)).astype(np.float32)
+
+
+def _clutter(view: View, rng: random.Random, np_rng: np.random.Generator) -> Image.Image:
+    """Photograph-like: a 1/f colour field (a photograph's spectrum) behind shaded, textured, soft-edged
+    blobs of any colour - many tones and soft edges, and no flat shape of one colour. A real photograph
+    (a face, a product shot) was described as shapes by a model that had only seen smooth fields."""
+    h, w = view.height, view.width
+    mix = np.array([[1.0, 1.0, 1.0]], np.float32) + np_rng.normal(0, 0.4, (3, 3)).astype(np.float32)
+    fields = np.stack([_one_over_f(h, w, rng.uniform(0.9, 1.6), np_rng) for _ in range(3)], -1)
+    mean = np.array([rng.uniform(40, 215) for _ in range(3)], np.float32)
+    img = mean + rng.uniform(15, 45) * (fields @ mix) / 1.7
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    texture = _one_over_f(h, w, 1.2, np_rng)[..., None]
+    for _ in range(rng.randint(3, 10)):
+        cx, cy = rng.uniform(0, w), rng.uniform(0, h)
+        # elongated (never a circle) and shaded and textured (never flat): nothing here is a known shape
+        size, stretch = rng.uniform(0.06, 0.4) * min(w, h), rng.uniform(1.5, 3.5)
+        rx, ry = size * stretch, size
+        turn = rng.uniform(0, np.pi)
+        dx, dy = xx - cx, yy - cy
+        u = (dx * np.cos(turn) + dy * np.sin(turn)) / rx
+        v = (-dx * np.sin(turn) + dy * np.cos(turn)) / ry
+        r = np.sqrt(u * u + v * v)
+        inside = np.clip((1.0 - r) / rng.uniform(0.05, 0.4), 0.0, 1.0)[..., None]  # soft edge
+        colour = np.array([rng.uniform(0, 255) for _ in range(3)], np.float32)
+        light = 1.0 + rng.uniform(0.3, 0.6) * (u * rng.uniform(-1, 1) + v * rng.uniform(-1, 1))[..., None]
+        blob = colour * np.clip(light, 0.3, 1.6) * (1.0 + rng.uniform(0.15, 0.35) * texture)
+        img = img * (1 - inside) + blob * inside
+    img += np_rng.normal(0, rng.uniform(1, 6), (h, w, 1))
+    out = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
+    return out.filter(ImageFilter.GaussianBlur(rng.uniform(0, 1.0)))
 
 
 def outside_scene(rng: random.Random, kind: str | None = None) -> Scene:
