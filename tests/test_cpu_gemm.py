@@ -50,8 +50,10 @@ def test_bf16_widening_only_without_native_kernels(monkeypatch):
     x = torch.randn(max(UPCAST_MIN_ROWS, SMALL_ROWS), 96).bfloat16()  # past the small-row kernel
     monkeypatch.setattr(cpu_gemm, "native_bf16", lambda: True)
     fast(x)
-    assert calls == []
+    assert torch.float32 not in calls  # bf16 as it is (through the packed weight where that pays)
+    calls.clear()
     monkeypatch.setattr(cpu_gemm, "native_bf16", lambda: False)
+    monkeypatch.setattr(cpu_gemm, "packed_weights_pay", lambda dtype: dtype == torch.float32)
     fast(x)
     assert calls == [torch.float32]
 
@@ -67,3 +69,37 @@ def test_batched_input_and_state_dict_are_kept():
     assert model.state_dict().keys() == before.keys()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
     torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weight_follows_the_parameter(monkeypatch, dtype):
+    """The packed copy is rebuilt when the weight changes in place or is replaced: never a stale product."""
+    monkeypatch.setattr(cpu_gemm, "packed_weights_pay", lambda d: torch.backends.mkldnn.is_available())
+    if dtype == torch.bfloat16:  # bf16 oneDNN runs without native kernels too, only slower
+        monkeypatch.setattr(cpu_gemm, "native_bf16", lambda: True)
+    plain, fast = _pair(True, dtype)
+    x = torch.randn(40, 96).to(dtype)
+    first = fast(x)
+    assert "_packed" in fast.__dict__
+    with torch.no_grad():
+        fast.weight.mul_(-1)
+        plain.weight.mul_(-1)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.1, rtol=0.02)
+    torch.testing.assert_close(fast(x), plain(x), **tol)
+    fast.weight = nn.Parameter(torch.zeros_like(fast.weight))
+    assert torch.equal(fast(x).float(), fast.bias.float().expand(40, -1))
+    assert not torch.equal(first, fast(x))
+
+
+def test_weights_are_packed_at_load_unless_memory_is_short(monkeypatch):
+    monkeypatch.setattr(cpu_gemm, "packed_weights_pay", lambda d: torch.backends.mkldnn.is_available())
+    _, fast = _pair(False, torch.float32)  # use_cpu_gemm packed it, with this machine's free memory
+    assert "_packed" in fast.__dict__
+    _, short = _pair(False, torch.float32)
+    short.__dict__.pop("_packed")
+    assert cpu_gemm.pack_weights([short], free_bytes=96 * 72 * 4 * 3) == 0  # copies over a quarter of what is free
+    assert short.pack is False
+    x = torch.randn(40, 96)
+    torch.testing.assert_close(short(x), F.linear(x, short.weight), atol=1e-5, rtol=1e-5)
+    assert "_packed" not in short.__dict__  # ran on the plain weight
+    assert cpu_gemm.pack_weights([short], free_bytes=96 * 72 * 4 * 4) == 96 * 72 * 4

@@ -64,7 +64,7 @@ def test_silu_mul(op, dtype, rows, inner, threads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,heads,kv_heads,dim", [(1, 4, 2, 64), (9, 16, 4, 64), (40, 6, 2, 32)])
+@pytest.mark.parametrize("rows,heads,kv_heads,dim", [(1, 4, 2, 64), (9, 16, 4, 64), (40, 6, 2, 32), (5, 4, 2, 36)])
 def test_rotary_in_place_on_views_of_a_fused_qkv(op, dtype, rows, heads, kv_heads, dim, threads):
     g = torch.Generator().manual_seed(rows + heads)
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
@@ -77,6 +77,8 @@ def test_rotary_in_place_on_views_of_a_fused_qkv(op, dtype, rows, heads, kv_head
     op.rotary_(k, cos, sin)
     _close(q, want_q)
     _close(k, want_k)
+    if dtype == torch.bfloat16:  # the same rounding steps as eager bf16, vector lanes and tail alike
+        assert torch.equal(q, want_q) and torch.equal(k, want_k)
     assert torch.equal(v, want_v), "the rotation wrote outside q and k"
 
 
@@ -87,3 +89,14 @@ def test_bad_shapes_are_refused(op):
         op.rms_norm(torch.zeros(2, 8), torch.zeros(4), 1e-5)
     with pytest.raises(RuntimeError, match="cos and sin"):
         op.rotary_(torch.zeros(2, 1, 8), torch.zeros(3, 8), torch.zeros(3, 8))
+
+
+def test_bf16_silu_mul_vector_lanes_round_as_the_scalar_tail(op):
+    """The bf16 vector path (whole vectors of a row) rounds exactly as the per-element tail does:
+    the same row computed as one wide row and as single-element rows is bit-identical, NaN included."""
+    g = torch.Generator().manual_seed(7)
+    gate, up = torch.randn(1, 301, generator=g) * 6, torch.randn(1, 301, generator=g) * 3
+    gate[0, 5], gate[0, 40], up[0, 77] = float("nan"), 95.0, float("inf")
+    wide = op.silu_mul(torch.cat([gate, up], -1).bfloat16())
+    single = torch.cat([op.silu_mul(torch.stack([gate[0, i], up[0, i]]).view(1, 2).bfloat16()) for i in range(301)], -1)
+    assert torch.equal(wide.view(torch.int16), single.view(torch.int16))

@@ -67,15 +67,20 @@ def test_bad_arguments_raise(op):
         op(torch.randn(2, 8), torch.randn(4, 8), torch.randn(5))
 
 
-def test_cpu_linear_routes_small_batches_to_the_kernel(op, monkeypatch):
+@pytest.mark.parametrize("packed", [False, True])
+def test_cpu_linear_routes_small_batches_to_the_kernel(op, monkeypatch, packed):
+    """Without packed weights (AVX2) every row count under SMALL_ROWS takes the kernel; with them
+    (AVX-512) only those under the packed path's PACKED_MIN_ROWS."""
+    monkeypatch.setattr(cpu_gemm, "packed_weights_pay", lambda dtype: packed)
     layer = torch.nn.Linear(64, 48)
     cpu_gemm.use_cpu_gemm(layer)
     calls = []
     monkeypatch.setattr(small_gemm, "small_linear_op", lambda: (lambda *a: calls.append(a[0].shape[0]) or op(*a)))
-    for rows in (1, cpu_gemm.SMALL_ROWS - 1, cpu_gemm.SMALL_ROWS, 300):
+    few = cpu_gemm.PACKED_MIN_ROWS[torch.float32] - 1
+    for rows in (1, few, cpu_gemm.SMALL_ROWS - 1, cpu_gemm.SMALL_ROWS, 300):
         x = torch.randn(rows, 64)
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    assert calls == [1, cpu_gemm.SMALL_ROWS - 1]
+    assert calls == ([1, few] if packed else [1, few, cpu_gemm.SMALL_ROWS - 1])
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)

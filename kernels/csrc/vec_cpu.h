@@ -40,6 +40,19 @@ inline vf load16(const c10::Half* p) {
   return v;
 }
 
+// kLanes fp32 values rounded to bf16 as c10::BFloat16(float) does (to nearest even; NaN -> 0x7FC0).
+inline vh round_bf16(vf v) {
+  vu bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  const vu rounded = (bits + ((bits >> 16) & 1u) + 0x7FFFu) >> 16;
+  const vu nan = (vu)(v != v);  // all ones where v is NaN
+  return __builtin_convertvector((rounded & ~nan) | (nan & 0x7FC0u), vh);
+}
+inline void store16(c10::BFloat16* p, vf v) { const vh h = round_bf16(v); std::memcpy(p, &h, sizeof(h)); }
+inline void store16(float* p, vf v) { storeu(p, v); }
+// fp32 values rounded through bf16 and widened back: the model dtype's rounding, kLanes at a time.
+inline vf through_bf16(vf v) { return (vf)(__builtin_convertvector(round_bf16(v), vu) << 16); }
+
 inline float hsum(vf v) {
   vf4 acc{};
   for (int i = 0; i < kLanes; i += 4) {  // add the 4-float quarters, then within one

@@ -14,14 +14,25 @@ on this AVX2 CPU 1.0–1.7x oneDNN on one thread and 1.1–2x on two up to 24 ro
 (benchmarks/RESULTS.md, "Third pass"). Where the kernel cannot be built, the BLAS paths
 below serve every size.
 
+On AVX-512 CPUs the balance moves (Zen 4, `benchmarks/gemm_paths.py`, "Seventh pass" in RESULTS.md):
+oneDNN on a weight reordered once into its blocked layout (`packed`) beats both our kernel and
+oneDNN on the plain weight from 4 rows up in fp32 (1.2-1.6x at 4-31 rows) and at every row count in
+bf16 (1.4-1.7x F.linear at 8-64 rows). There each layer packs its weight on first use and keeps the
+packed copy beside the plain one (the plain weight stays the parameter: state dicts, tied embeddings
+and the small-row kernel read it); the copy is rebuilt if the weight is replaced or changed in place.
+use_cpu_gemm packs every layer at load, so no request pays for it, unless the copies would take more
+than PACK_MEMORY_SHARE of the memory left: then nothing is packed, and a warning says so.
+
 bf16: where oneDNN has native bf16 kernels (AVX512_BF16 / AMX), F.linear in bf16 already runs
-through them. Without them (AVX2), torch's bf16 GEMM fallback is 3–6x slower than fp32 at prefill
+through them (on AVX-512, through the packed weight). Without them (AVX2), torch's bf16 GEMM fallback is 3–6x slower than fp32 at prefill
 sizes, so bf16 weights are widened to fp32 for that call from UPCAST_MIN_ROWS rows up (the
 widening reads the weight once; the GEMM then reads it once per row block) and kept as they are
 below, where the GEMM is memory-bound and bf16's halved weight traffic wins.
 """
 
 import functools
+import logging
+import os
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +40,14 @@ from torch import nn
 
 from vlserve.kernels import small_gemm
 
+log = logging.getLogger(__name__)
+
 ONEDNN_MIN_ROWS = 4  # below this MKL's gemv / small sgemm was level or faster
 SMALL_ROWS = small_gemm.MAX_ROWS  # below this, our small-row kernel
 UPCAST_MIN_ROWS = 16  # bf16 without native kernels: from here the fp32 GEMM on a widened weight wins
+PACKED_MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}  # AVX-512: below 4 fp32 rows our kernel still wins
+PACK_MEMORY_SHARE = 0.25  # packed copies may take at most this share of the memory left at load
+PACK_HINT_ROWS = 32  # the batch size oneDNN picks the blocked layout for (1-2048 measured level from 4 rows)
 
 
 @functools.cache
@@ -45,6 +61,15 @@ def native_fp16() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_fp16_supported()
 
 
+@functools.cache
+def packed_weights_pay(dtype: torch.dtype) -> bool:
+    """Whether oneDNN on a packed weight is the fast path for `dtype` on this CPU: AVX-512 (measured
+    on Zen 4; on AVX2 packing measured no faster than the plain weight), and for bf16 native kernels."""
+    if not torch.backends.mkldnn.is_available() or torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
+
+
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
@@ -56,6 +81,9 @@ class CpuLinear(nn.Linear):
         if not x.is_cpu or x.dim() == 0:
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if (rows >= PACKED_MIN_ROWS.get(x.dtype, 1 << 62) and self.weight.dtype == x.dtype
+                and self.__dict__.get("pack", True) and packed_weights_pay(x.dtype)):
+            return _onednn(x, self.packed_weight(), self.bias)
         if 0 < rows < SMALL_ROWS and x.dtype in (torch.float32, torch.bfloat16) and self.weight.dtype == x.dtype:
             op = small_gemm.small_linear_op()
             if op is not None and (x.dtype == torch.float32 or not native_bf16()):
@@ -69,6 +97,18 @@ class CpuLinear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
+    def packed_weight(self) -> torch.Tensor:
+        """The weight in oneDNN's blocked layout (an opaque MkldnnCPU tensor), packed on first use and
+        again whenever the parameter is replaced or changed in place."""
+        key = (id(self.weight), self.weight._version, self.weight.data_ptr())
+        cached = self.__dict__.get("_packed")
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_HINT_ROWS))
+            self.__dict__["_packed"] = cached
+        return cached[1]
+
+
 def use_cpu_gemm(model: nn.Module) -> int:
     """Switches every plain nn.Linear in `model` (decoder, projector, vision tower) to CpuLinear in
     place, keeping its parameters; returns how many. A no-op without oneDNN."""
@@ -79,4 +119,23 @@ def use_cpu_gemm(model: nn.Module) -> int:
         if type(module) is nn.Linear:
             module.__class__ = CpuLinear
             count += 1
+    pack_weights([m for m in model.modules() if isinstance(m, CpuLinear)])
     return count
+
+
+def pack_weights(layers: list[CpuLinear], free_bytes: int | None = None) -> int:
+    """Packs the layers' weights now, where packing pays and the copies fit (see the module's
+    docstring); returns the bytes packed. Layers left unpacked run on their plain weight."""
+    payable = [m for m in layers if packed_weights_pay(m.weight.dtype)]
+    extra = sum(m.weight.numel() * m.weight.element_size() for m in payable)
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if free_bytes is None else free_bytes
+    if extra > PACK_MEMORY_SHARE * free:
+        log.warning("CPU GEMM: not packing %.1f GB of weights for oneDNN (%.1f GB of memory free); the linear "
+                    "layers run on their plain weights, about 1.2-1.5x slower at decode sizes", extra / 1e9, free / 1e9)
+        for m in payable:
+            m.pack = False
+        return 0
+    for m in payable:
+        m.pack = True
+        m.packed_weight()
+    return extra
