@@ -14,7 +14,7 @@ on this AVX2 CPU 1.0–1.7x oneDNN on one thread and 1.1–2x on two up to 24 ro
 (benchmarks/RESULTS.md, "Third pass"). Where the kernel cannot be built, the BLAS paths
 below serve every size.
 
-On AVX-512 CPUs the balance moves (Zen 4, `benchmarks/gemm_paths.py`, "Seventh pass" in RESULTS.md):
+On AVX-512 CPUs the balance moves (an AMD EPYC with AVX512_BF16, `benchmarks/gemm_paths.py`, "Seventh pass" in RESULTS.md):
 oneDNN on a weight reordered once into its blocked layout (`packed`) beats both our kernel and
 oneDNN on the plain weight from 4 rows up in fp32 (1.2-1.6x at 4-31 rows) and at every row count in
 bf16 (1.4-1.7x F.linear at 8-64 rows). There each layer packs its weight on first use and keeps the
@@ -64,7 +64,7 @@ def native_fp16() -> bool:
 @functools.cache
 def packed_weights_pay(dtype: torch.dtype) -> bool:
     """Whether oneDNN on a packed weight is the fast path for `dtype` on this CPU: AVX-512 (measured
-    on Zen 4; on AVX2 packing measured no faster than the plain weight), and for bf16 native kernels."""
+    on an AMD EPYC; on AVX2 packing measured no faster than the plain weight), and for bf16 native kernels."""
     if not torch.backends.mkldnn.is_available() or torch.backends.cpu.get_cpu_capability() != "AVX512":
         return False
     return dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
