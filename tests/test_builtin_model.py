@@ -20,10 +20,10 @@ from vlserve.model.builtin import BUILTIN_MODEL_DIR
 assert (BUILTIN_MODEL_DIR / "config.json").exists(), "the built-in checkpoint is missing from vlserve/builtin_model"
 
 # Set a little under what the committed checkpoint measured on these samples (20 per type: image
-# 92.5%, colour 100%, shape 95%, count 75%, position 95%, yes/no 95%, captions 95%; video and
-# "cannot tell" 100%). Twenty questions is a small sample (count is 96% of README's 150 held-out
-# questions per kind, images 96.0%), so counting's floor leaves room for a few answers that move
-# with the CPU's rounding.
+# 95%, colour 100%, shape 95%, count 90%, position 100%, yes/no 100%, captions 85%; video and
+# "cannot tell" 100%). Twenty questions is a small sample (README's held-out set, 150 questions per
+# kind: count 88%, captions 76%, images 93.3%), so the count and caption floors leave room for a few
+# answers that move with the CPU's rounding.
 OVERALL_FLOOR = {"image": 0.85, "video": 0.95, "outside": 0.95}
 PER_TYPE_FLOOR = {q: 0.85 for q in scenes.IMAGE_QTYPES + scenes.VIDEO_QTYPES} | {
     "count": 0.65, "position": 0.80, "caption": 0.80}
@@ -31,7 +31,7 @@ PER_KIND = 20  # questions per question type (outside: 3 x PER_KIND pictures)
 QTYPES = {"image": scenes.IMAGE_QTYPES, "video": scenes.VIDEO_QTYPES, "outside": (scenes.OUTSIDE_QTYPE,)}
 MIRROR_SENSITIVE = {"image": "position", "video": "direction"}
 BLANK_MARGIN = 0.50
-INDEPENDENT_FLOOR = 0.87  # measured 89.3%: 91.6% on the drawn pictures, 5/8 on the photograph (README)
+INDEPENDENT_FLOOR = 0.90  # issue 21's bar; measured 93.2%: 94.7% on the drawn pictures, 6/8 on the photograph (README)
 
 
 @pytest.fixture(scope="module")

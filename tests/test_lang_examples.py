@@ -28,7 +28,7 @@ def url():
 
 
 def _mostly_right(results) -> bool:
-    """The examples answer right at least half the time (README: 96% on single images, 100% on
+    """The examples answer right at least half the time (README: 93% on single images, 100% on
     video); a lost image answers nothing right ("I can only see…")."""
     return sum(answer == truth for _, answer, truth in results) >= 0.5 * len(results)
 

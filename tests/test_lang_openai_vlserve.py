@@ -18,11 +18,16 @@ def url():
 
 
 def caption_fields(s):
-    # the built-in model's answer to a colour change: "It changes from red to blue." Without a video
-    # it still writes the sentence once it is begun ("It changes from" -> " blue to green."), so
-    # "first" is the colour before " to" and "second" the one after it.
-    s += "USER: What happens in the video? ASSISTANT: It changes from"
-    s += sgl.gen("first", stop=" to") + " to" + sgl.gen("second", stop=".") + "."
+    # The built-in model, asked for a caption with no picture, still writes one in its own form:
+    # "A blue triangle and a purple triangle." - so "first" is the shape before " and", "second"
+    # the one after it.
+    s += "USER: Describe the image in one sentence. ASSISTANT: A"
+    s += sgl.gen("first", stop=" and") + " and" + sgl.gen("second", stop=".") + "."
+
+
+def _names_a_shape(text: str) -> bool:
+    words = text.split()
+    return any(c in words for c in scenes.COLOURS) and any(s.rstrip("s") in scenes.SHAPES for s in words)
 
 
 def _completion_backend(url):
@@ -37,7 +42,7 @@ def test_speculation_cuts_calls_and_billed_prompt_tokens_on_vlserve_completions(
 
     variables = ("first", "second")
     assert {k: with_spec[k] for k in variables} == {k: without[k] for k in variables}
-    assert {without["first"].strip(), without["second"].strip()} <= set(scenes.COLOURS)  # the template's words
+    assert all(_names_a_shape(without[k]) for k in variables), without  # the template's words
     assert (plain.token_usage.calls, spec.token_usage.calls) == (2, 1)
     assert 2 * spec.token_usage.prompt_tokens < plain.token_usage.prompt_tokens
 

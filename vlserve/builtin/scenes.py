@@ -285,6 +285,16 @@ def _colour_q(noun: str, rng: random.Random) -> str:
     ])
 
 
+def _shape_by_colour_qs(colour: str, rng: random.Random) -> list[str]:
+    """Shape questions with the word "colour" (or "color") beside the colour's name, so that the word
+    alone does not make a question about colour: the previous checkpoint answered a phrasing of
+    this kind that it had never seen ("Which shape has the colour yellow?") with "Yellow."."""
+    word = rng.choice(("colour", "color"))
+    return [f"What shape is in the {word} {colour}?", f"Which shape is of the {word} {colour}?",
+            f"Which shape comes in {colour} {word}?", f"What shape is drawn in the {word} {colour}?",
+            f"Which shape's {word} is {colour}?", f"Which one of the shapes is in {colour} {word}?"]
+
+
 def _image_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
     qas: list[QA] = []
     n = len(shapes)
@@ -307,7 +317,8 @@ def _image_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
                                 f"What kind of shape is the {s.colour} one?", f"Name the {s.colour} shape.",
                                 f"What is the {s.colour} shape?", f"What is the shape of the {s.colour} {noun}?",
                                 f"Which shape is coloured {s.colour}?", f"Which of the shapes is {s.colour}?",
-                                f"The {s.colour} {noun} is which shape?", f"Which shape has {s.colour} as its colour?"])
+                                f"The {s.colour} {noun} is which shape?", f"Which shape has {s.colour} as its colour?",
+                                *_shape_by_colour_qs(s.colour, rng)])
             qas.append(QA(q, f"{_cap(_article(s.shape))} {s.shape}.", "shape", about=k))
         who = f"{s.colour} {s.shape}" if len([t for t in shapes if (t.colour, t.shape) == (s.colour, s.shape)]) == 1 else None
         if who is None:
