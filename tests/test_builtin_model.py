@@ -23,10 +23,10 @@ assert (BUILTIN_MODEL_DIR / "config.json").exists(), "the built-in checkpoint is
 # 95%, colour 100%, shape 95%, count 90%, position 100%, yes/no 100%, captions 85%; video and
 # "cannot tell" 100%). Twenty questions is a small sample (README's held-out set, 150 questions per
 # kind: count 88%, captions 76%, images 93.3%), so the count and caption floors leave room for a few
-# answers that move with the CPU's rounding.
+# answers that move with the CPU's rounding (the same figures with the AVX-512 packed GEMMs off).
 OVERALL_FLOOR = {"image": 0.85, "video": 0.95, "outside": 0.95}
 PER_TYPE_FLOOR = {q: 0.85 for q in scenes.IMAGE_QTYPES + scenes.VIDEO_QTYPES} | {
-    "count": 0.65, "position": 0.80, "caption": 0.80}
+    "count": 0.65, "position": 0.80, "caption": 0.75}
 PER_KIND = 20  # questions per question type (outside: 3 x PER_KIND pictures)
 QTYPES = {"image": scenes.IMAGE_QTYPES, "video": scenes.VIDEO_QTYPES, "outside": (scenes.OUTSIDE_QTYPE,)}
 MIRROR_SENSITIVE = {"image": "position", "video": "direction"}
