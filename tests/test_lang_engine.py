@@ -95,6 +95,31 @@ def test_an_exception_in_the_program_is_raised_again_not_a_key_error(engine):
         bad.text()
 
 
+def test_a_variable_added_after_an_error_raises_it_instead_of_waiting(engine):
+    """A statement queued after an earlier one failed is drained, not run: reading its variable
+    raises the first error (it once waited forever, hanging a batch whose other states were fine)."""
+    @sgl.function
+    def program(s):
+        s += sgl.image(42)  # fails in the worker: not an image
+        assert isinstance(s.error(), TypeError)  # the error is set before the next statement exists
+        s += sgl.gen("answer", max_tokens=2)
+
+    state = program.run(backend=engine)
+    outcome = []
+
+    def read():
+        try:
+            state["answer"]
+        except TypeError as e:
+            outcome.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert not reader.is_alive(), "reading the variable waits forever"
+    assert len(outcome) == 1
+
+
 def test_every_worker_ends_explicitly(engine):
     @sgl.function
     def program(s):

@@ -170,6 +170,8 @@ class StreamExecutor:
                     self._execute(expr)
                 except BaseException as e:  # noqa: BLE001 - kept for s[name] / s.text() to raise
                     self.set_error(e)
+            else:  # its variables were added after the error: wake their readers, who raise it
+                self.set_error(self.error_)
             self.queue.task_done()
             self._notify()
 
