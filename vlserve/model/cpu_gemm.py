@@ -14,20 +14,22 @@ on this AVX2 CPU 1.0–1.7x oneDNN on one thread and 1.1–2x on two up to 24 ro
 (benchmarks/RESULTS.md, "Third pass"). Where the kernel cannot be built, the BLAS paths
 below serve every size.
 
-On AVX-512 CPUs the balance moves (an AMD EPYC with AVX512_BF16, `benchmarks/gemm_paths.py`, "Seventh pass" in RESULTS.md):
-oneDNN on a weight reordered once into its blocked layout (`packed`) beats both our kernel and
-oneDNN on the plain weight from 4 rows up in fp32 (1.2-1.6x at 4-31 rows) and at every row count in
-bf16 (1.4-1.7x F.linear at 8-64 rows). There each layer packs its weight on first use and keeps the
-packed copy beside the plain one (the plain weight stays the parameter: state dicts, tied embeddings
-and the small-row kernel read it); the copy is rebuilt if the weight is replaced or changed in place.
+On AVX-512 CPUs the balance moves (an AMD EPYC with AVX512_BF16; `benchmarks/gemm_paths.py`,
+"Seventh pass" in RESULTS.md): oneDNN on a weight reordered once into its blocked layout (`packed`)
+beats both our kernel and oneDNN on the plain weight from 4 rows up in fp32 (1.2-1.6x at 4-31 rows)
+and at every row count in bf16 (1.4-1.7x F.linear at 8-64 rows). There each layer packs its weight
+on first use and keeps the packed copy beside the plain one (the plain weight stays the parameter:
+state dicts, tied embeddings and the small-row kernel read it); the copy is rebuilt if the weight
+is replaced or changed in place.
 use_cpu_gemm packs every layer at load, so no request pays for it, unless the copies would take more
 than PACK_MEMORY_SHARE of the memory left: then nothing is packed, and a warning says so.
 
 bf16: where oneDNN has native bf16 kernels (AVX512_BF16 / AMX), F.linear in bf16 already runs
-through them (on AVX-512, through the packed weight). Without them (AVX2), torch's bf16 GEMM fallback is 3–6x slower than fp32 at prefill
-sizes, so bf16 weights are widened to fp32 for that call from UPCAST_MIN_ROWS rows up (the
-widening reads the weight once; the GEMM then reads it once per row block) and kept as they are
-below, where the GEMM is memory-bound and bf16's halved weight traffic wins.
+through them (on AVX-512, through the packed weight). Without them (AVX2), torch's bf16 GEMM
+fallback is 3–6x slower than fp32 at prefill sizes, so bf16 weights are widened to fp32 for that
+call from UPCAST_MIN_ROWS rows up (the widening reads the weight once; the GEMM then reads it once
+per row block) and kept as they are below, where the GEMM is memory-bound and bf16's halved weight
+traffic wins.
 """
 
 import functools
@@ -64,7 +66,8 @@ def native_fp16() -> bool:
 @functools.cache
 def packed_weights_pay(dtype: torch.dtype) -> bool:
     """Whether oneDNN on a packed weight is the fast path for `dtype` on this CPU: AVX-512 (measured
-    on an AMD EPYC; on AVX2 packing measured no faster than the plain weight), and for bf16 native kernels."""
+    on an AMD EPYC; on AVX2 packing measured no faster than the plain weight), and for bf16 native
+    kernels."""
     if not torch.backends.mkldnn.is_available() or torch.backends.cpu.get_cpu_capability() != "AVX512":
         return False
     return dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
@@ -95,7 +98,6 @@ class CpuLinear(nn.Linear):
             bias = None if self.bias is None else self.bias.float()
             return _onednn(x.float(), self.weight.float(), bias).to(torch.bfloat16)
         return F.linear(x, self.weight, self.bias)
-
 
     def packed_weight(self) -> torch.Tensor:
         """The weight in oneDNN's blocked layout (an opaque MkldnnCPU tensor), packed on first use and
