@@ -4,6 +4,10 @@
 Times are the median of --repeats of the process's CPU time (1 thread by default: robust on a
 shared machine). Decode: GB/s of K and V read; extend: GFLOP/s of the attention maths.
 
+A second table times decode batches whose requests share prefix slots (the workloads' shapes:
+six questions about each of four pictures; 24 continuations of one few-shot prompt; eight
+questions about one video) with the kernel's shared-prefix pass off and on.
+
     python benchmarks/cpu_attention.py --out benchmarks/results/cpu_attention.md
 """
 
@@ -15,11 +19,14 @@ import torch
 
 from vlserve.bench.report import write_report
 from vlserve.kernels import decode_attention_cpu, decode_attention_ref, extend_attention_cpu, extend_attention_ref
-from vlserve.kernels.paged_batch import random_paged_batch
+from vlserve.kernels.paged_batch import random_paged_batch, share_prefixes
 
 DECODE = [(1, 300), (8, 300), (32, 300), (32, 1000)]  # (batch, context)
 # (seq_lens, extend_lens); the last is video_qa's shape: 540 new tokens behind a 1,540-token cached prefix
 EXTEND = [([287], [287]), ([287] * 8, [30] * 8), ([500] * 2, [500] * 2), ([2080], [540])]
+# (name, batch, members per group, shared keys, context)
+SHARED = [("4 pictures x 6 questions", 24, 6, 256, 300), ("one few-shot prompt x 24", 24, 24, 726, 760),
+          ("one video x 8 questions", 8, 8, 1540, 1580)]
 
 
 def cpu_ms(fn, repeats: int, calls: int) -> float:
@@ -58,6 +65,16 @@ def main():
             flops = sum(4 * e * (s - e / 2) * 64 * 16 for s, e in zip(seq_lens, extend_lens))
             lines.append(f"| {str(dtype)[6:]} | extend {len(seq_lens)} x {extend_lens[0]} new of {seq_lens[0]} | "
                          f"{ref:.2f} | {new:.2f} | {ref / new:.1f}x | {flops / new / 1e6:.1f} GFLOP/s |")
+    lines += ["", "Decode batches that share prefix slots: the kernel without and with its shared-prefix pass.", "",
+              "| dtype | case | per request ms | shared pass ms | speed-up |", "| --- | --- | ---: | ---: | ---: |"]
+    for dtype in (torch.float32, torch.bfloat16):
+        for name, batch, members, shared, context in SHARED:
+            b = random_paged_batch([context] * batch, None, 16, 4, 64, dtype, 1, seed=0)
+            share_prefixes(b, [(list(range(g, g + members)), shared) for g in range(0, batch, members)])
+            off = cpu_ms(lambda: b.decode(lambda *a: decode_attention_cpu(*a, share_prefixes=False)), args.repeats, 5)
+            on = cpu_ms(lambda: b.decode(decode_attention_cpu), args.repeats, 5)
+            lines.append(f"| {str(dtype)[6:]} | decode {batch} x {context}, {name} ({shared} shared) | {off:.2f} | "
+                         f"{on:.2f} | {off / on:.2f}x |")
     write_report(args.out, "\n".join(lines) + "\n")
 
 

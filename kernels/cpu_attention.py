@@ -107,15 +107,31 @@ def cpu_attention_error() -> str | None:
 
 
 def decode_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, sm_scale,
-                         num_kv_splits=None) -> None:
-    """o[b] = attention of q[b] over tokens 0..seq_lens[b]-1 of request req_pool_indices[b]."""
+                         num_kv_splits=None, share_prefixes: bool = True) -> None:
+    """o[b] = attention of q[b] over tokens 0..seq_lens[b]-1 of request req_pool_indices[b].
+
+    Requests whose tables begin with the same slots (a prefix the radix cache shares) read those keys
+    once for the group (see the kernel's header); share_prefixes=False reads them per request, for
+    measuring what that saves."""
     op = cpu_attention_op() if q.is_cpu else None  # the kernel is CPU-only; elsewhere the references run
     if op is None:
         return decode_attention_ref(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, sm_scale)
     check_decode_args(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens)
     batch = q.shape[0]
     ones = torch.ones(batch, dtype=torch.int64)
-    op(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, ones, torch.arange(batch), sm_scale)
+    op(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, ones, torch.arange(batch), sm_scale,
+       share_prefixes)
+
+
+def shared_prefix_groups(req_to_token, req_pool_indices, seq_lens, extend_lens=None) -> torch.Tensor:
+    """[batch, 2] int64: the group each request's shared-prefix pass would put it in (-1: none) and
+    how many leading keys the group shares. Decode rows only (extend_lens None means all ones)."""
+    op = cpu_attention_op()
+    if op is None:
+        raise RuntimeError(f"the CPU attention kernel is unavailable: {cpu_attention_error()}")
+    if extend_lens is None:
+        extend_lens = torch.ones(req_pool_indices.numel(), dtype=torch.int64)
+    return torch.ops.vlserve_cpu.shared_prefix_groups(req_to_token, req_pool_indices, seq_lens, extend_lens)
 
 
 def extend_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens,

@@ -79,3 +79,17 @@ def random_paged_batch(seq_lens: list[int], extend_lens: list[int] | None, num_q
         qo_start_loc=starts.to(index_dtype).to(device),
         sm_scale=head_dim ** -0.5,
     )
+
+
+def share_prefixes(batch: PagedBatch, groups: list[tuple[list[int], int]]) -> PagedBatch:
+    """Give the requests of each group (indices into the batch, keys) the first member's slots for
+    their first `keys` positions, as the radix cache does for requests that share a prompt prefix.
+    The other members' own slots for those positions are left in the pool, unread."""
+    rows = batch.req_pool_indices.tolist()
+    for members, keys in groups:
+        lens = [int(batch.seq_lens[m]) for m in members]
+        if keys > min(lens):
+            raise ValueError(f"group {members} cannot share {keys} keys: its shortest request has {min(lens)}")
+        for m in members[1:]:
+            batch.req_to_token[rows[m], :keys] = batch.req_to_token[rows[members[0]], :keys]
+    return batch

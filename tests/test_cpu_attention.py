@@ -1,18 +1,22 @@
 """The batched CPU paged-attention kernel (kernels/cpu_attention.py, csrc/paged_attention_cpu.cpp)
 against the per-request PyTorch references: ragged lengths, prefix hits, page sizes 1 and > 1,
-GQA and MHA, head dims with and without a specialised path, fp32 / bf16 / fp16, one and two threads.
+GQA and MHA, head dims with and without a specialised path, fp32 / bf16 / fp16, one and two threads,
+and decode batches whose requests share prefix slots (the shared-prefix pass and its grouping).
 
 Error is max |out - ref| / max |ref|, as in test_kernels.py.
 """
 
 import warnings
+from collections import Counter
 
 import pytest
 import torch
 
 from vlserve.kernels import cpu_attention
-from vlserve.kernels.cpu_attention import cpu_attention_op, decode_attention_cpu, extend_attention_cpu
-from vlserve.kernels.paged_batch import random_paged_batch
+from vlserve.kernels.cpu_attention import (
+    cpu_attention_op, decode_attention_cpu, extend_attention_cpu, shared_prefix_groups,
+)
+from vlserve.kernels.paged_batch import random_paged_batch, share_prefixes
 from vlserve.kernels.reference import decode_attention_ref, extend_attention_ref
 
 # fp32: both accumulate in fp32 (the kernel's exp is a polynomial, ~1e-7 relative). Low precision:
@@ -64,6 +68,70 @@ def test_extend_matches_reference(page_size, heads, head_dim, case, threads):
     batch = random_paged_batch(seq_lens, extend_lens, *heads, head_dim, torch.float32, page_size, seed=case)
     out = batch.extend(extend_attention_cpu)
     assert rel_err(out, batch.extend(extend_attention_ref)) < TOLERANCE[torch.float32]
+
+
+# Decode batches whose requests share leading slots, as the radix cache hands them out: a group of
+# 40 (split in two, over the 32-member cap), a pair sharing all but its own new token, a group of 6
+# whose prefix ends mid key-tile, a subgroup sharing more inside a group sharing less (the pass
+# takes one level: the deeper one saves more here), a pair under the 32-key minimum (no pass), and
+# requests with no partner.
+def shared_decode_batch(heads, head_dim, dtype, page_size, seed):
+    lens = [300] * 40 + [97, 97] + [150, 161, 170, 150, 155, 190] + [260, 262, 264, 266] + [40, 45] + [33, 500]
+    batch = random_paged_batch(lens, None, *heads, head_dim, dtype, page_size, seed=seed)
+    groups = [(list(range(40)), 257), ([40, 41], 96), (list(range(42, 48)), 141), ([48, 49, 50, 51], 60),
+              ([48, 49], 250), ([52, 53], 30)]
+    return share_prefixes(batch, groups)
+
+
+def test_shared_prefix_groups_are_found_and_split():
+    batch = shared_decode_batch((8, 2), 64, torch.float32, 1, seed=0)
+    plan = shared_prefix_groups(batch.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    group, keys = plan[:, 0].tolist(), plan[:, 1].tolist()
+    assert keys[:40] == [257] * 40  # 40 members over the cap of 32: two groups of 20
+    assert sorted(Counter(group[:40]).values()) == [20, 20] and -1 not in group[:40]
+    assert keys[40:42] == [96, 96] and group[40] == group[41] != -1
+    assert keys[42:48] == [141] * 6 and len(set(group[42:48])) == 1
+    # 48-51 share 60 keys, 48-49 share 250: a pair at 250 saves more than four at 60
+    assert keys[48:50] == [250, 250] and group[48] == group[49] != group[50]
+    assert keys[50:52] == [60, 60] and group[50] == group[51] != -1
+    assert group[52:] == [-1] * 4 and keys[52:] == [0] * 4  # under 32 shared keys; no partner
+    assert len({g for g in group if g >= 0}) == 6
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4), (6, 1)], ids=["gqa4", "mha", "mqa6"])
+@pytest.mark.parametrize("head_dim", [64, 20])
+def test_shared_prefix_decode_matches_reference(page_size, heads, head_dim, threads):
+    # gqa4: 80 rows a kv head in a 20-member group (the BLAS path), 24 in the group of 6 (BLAS from
+    # 16 rows in the shared pass), 8 in a pair (register-blocked); head_dim 20: the scalar path.
+    batch = shared_decode_batch(heads, head_dim, torch.float32, page_size, seed=head_dim)
+    ref = batch.decode(decode_attention_ref)
+    shared = batch.decode(decode_attention_cpu)
+    unshared = batch.decode(lambda *a: decode_attention_cpu(*a, share_prefixes=False))
+    assert rel_err(shared, ref) < TOLERANCE[torch.float32]
+    assert rel_err(unshared, ref) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_shared_prefix_decode_low_precision(dtype):
+    batch = shared_decode_batch((8, 2), 64, dtype, 4, seed=5)
+    assert rel_err(batch.decode(decode_attention_cpu), batch.decode(decode_attention_ref)) < TOLERANCE[dtype]
+
+
+def test_shared_prefix_pass_reads_only_the_shared_slots():
+    # Poison every slot no request reads: the shared pass must take keys 0..shared-1 from the
+    # group's common slots and each member's own slots after them, nothing else.
+    batch = shared_decode_batch((8, 2), 64, torch.float32, 1, seed=3)
+    used = set()
+    for row, length in zip(batch.req_pool_indices.tolist(), batch.seq_lens.tolist()):
+        used.update(batch.req_to_token[row, :length].tolist())
+    unused = torch.tensor(sorted(set(range(batch.k_buffer.shape[0])) - used), dtype=torch.long)
+    assert unused.numel() > 1000  # the members' own prefix slots, no longer in any table
+    batch.k_buffer[unused] = float("nan")
+    batch.v_buffer[unused] = float("nan")
+    out = batch.decode(decode_attention_cpu)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, batch.decode(decode_attention_ref)) < TOLERANCE[torch.float32]
 
 
 def test_scratch_kept_across_calls_never_leaks_into_a_result(threads):

@@ -16,6 +16,16 @@
 // instead of one head's short row per slot, four times over. Decode is bound by those reads (the
 // arithmetic per byte is tiny), so items span all kv heads whenever there are enough items to keep
 // every thread busy, and one kv head each otherwise.
+//
+// Shared prefixes (decode): the radix cache gives every request that shares a prompt prefix the
+// same slots for it, so a decode batch of six questions about one picture, or of 24 continuations
+// of one few-shot prompt, would read the same keys six or 24 times a layer. Requests with one new
+// token whose tables begin with the same slots are grouped (find_shared_prefixes); a first pass runs
+// all of a group's query rows against the shared keys as one item — many rows, so the transposed
+// or BLAS path at full width, each key read once — and keeps every row's unnormalised softmax state
+// (max, sum, output); the second pass resumes each request from that state over its own remaining
+// keys. Cascade attention (FlashInfer) merges two normalised results instead; resuming the online
+// softmax needs no merge step.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -29,6 +39,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -52,6 +63,11 @@ constexpr int kTransposeRows = 16;     // from this many rows per item, transpos
 constexpr int kGemmQueryBlock = 128;
 constexpr int kGemmKeyBlock = 512;
 constexpr int kGemmMinRows = 32;
+// A group shares at least this many leading slots (fewer saves less than the pass costs) and has at
+// most this many members (rows = members x group must fit the scratch; a bigger group is split).
+constexpr int64_t kMinSharedKeys = 32;
+constexpr int64_t kMaxSharedMembers = 32;
+constexpr int64_t kSharedGemmMinRows = 16;
 
 inline vf select(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
 
@@ -100,6 +116,19 @@ struct Item {
   int64_t count;     // new tokens in the block
   int64_t cost;      // rows x keys, for ordering
   bool gemm;         // through BLAS (run_item_gemm), else the register-blocked path
+  int64_t key_begin; // keys before it were taken by the shared-prefix pass ...
+  bool resume;       // ... whose per-row state (RowStates) the item starts from
+};
+
+// Decode requests members[0..] share their first `keys` slots (same slot ids in req_to_token).
+struct SharedGroup {
+  std::vector<int64_t> members;
+  int64_t keys;
+};
+
+// The shared pass's unnormalised softmax state per (request, q head): index b * num_q_heads + head.
+struct RowStates {
+  std::vector<float> max, sum, out;  // out: [index][D]
 };
 
 struct Problem {
@@ -255,9 +284,9 @@ void update_rows(const Problem& pb, int64_t r0, int64_t j0, int n, bool transpos
 // rows = rows per kv head; head hh of the item owns rows hh * rows .. (hh + 1) * rows - 1.
 template <typename T>
 void run_item_vector(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc,
-                     int64_t rows, int64_t num_keys, const int32_t* slots) {
+                     int64_t rows, int64_t key_begin, int64_t num_keys, const int32_t* slots) {
   const bool transposed = rows >= kTransposeRows;
-  for (int64_t j0 = 0; j0 < num_keys; j0 += kKeyTile) {
+  for (int64_t j0 = key_begin; j0 < num_keys; j0 += kKeyTile) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyTile, num_keys - j0));
     for (int64_t hh = 0; hh < it.heads; ++hh) {
       load_tile<T>(pb, k_buffer, v_buffer, slots, j0, n, num_keys, it.kv_head + hh, transposed, sc);
@@ -276,9 +305,9 @@ void run_item_vector(const Item& it, const Problem& pb, const T* k_buffer, const
 
 template <typename T>
 void run_item_scalar(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc,
-                     int64_t rows, int64_t num_keys, const int32_t* slots) {
+                     int64_t rows, int64_t key_begin, int64_t num_keys, const int32_t* slots) {
   const int64_t D = pb.head_dim;
-  for (int64_t j = 0; j < num_keys; ++j) {  // one key at a time, online softmax per row
+  for (int64_t j = key_begin; j < num_keys; ++j) {  // one key at a time, online softmax per row
     for (int64_t r = 0; r < rows * it.heads; ++r) {
       const int64_t base = static_cast<int64_t>(slots[j]) * pb.slot_stride + (it.kv_head + r / rows) * D;
       if (sc.visible[r] <= j) continue;
@@ -353,7 +382,7 @@ inline void softmax_block_row(float* s, int64_t n, int64_t visible, float& row_m
 // A long extend block of one kv head: S = Q K^T and O += P V by BLAS, key block by key block.
 template <typename T>
 void run_item_gemm(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc,
-                   int64_t rows, int64_t num_keys, const int32_t* slots) {
+                   int64_t rows, int64_t key_begin, int64_t num_keys, const int32_t* slots) {
   const int64_t D = pb.head_dim;
   sc.gemm_k.resize(kGemmKeyBlock * D);
   sc.gemm_v.resize(kGemmKeyBlock * D);
@@ -361,7 +390,7 @@ void run_item_gemm(const Item& it, const Problem& pb, const T* k_buffer, const T
   const auto opts = at::TensorOptions().dtype(at::kFloat);
   const at::Tensor q = at::from_blob(sc.q.data(), {rows, D}, opts);
   at::Tensor out = at::from_blob(sc.out.data(), {rows, D}, opts);
-  for (int64_t j0 = 0; j0 < num_keys; j0 += kGemmKeyBlock) {
+  for (int64_t j0 = key_begin; j0 < num_keys; j0 += kGemmKeyBlock) {
     const int64_t n = std::min<int64_t>(kGemmKeyBlock, num_keys - j0);
     gather_block<T>(pb, k_buffer, slots, j0, n, it.kv_head, sc.gemm_k.data());
     gather_block<T>(pb, v_buffer, slots, j0, n, it.kv_head, sc.gemm_v.data());
@@ -377,9 +406,55 @@ void run_item_gemm(const Item& it, const Problem& pb, const T* k_buffer, const T
   }
 }
 
+// Rows already set up in the scratch (q scaled, state, visible) against keys key_begin..num_keys-1.
+template <typename T>
+void run_keys(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc, int64_t rows,
+              int64_t key_begin, int64_t num_keys, const int32_t* slots) {
+  if (it.gemm) {
+    run_item_gemm<T>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots);
+  } else if (pb.head_dim % kLanes == 0) {
+    run_item_vector<T>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots);
+  } else {
+    run_item_scalar<T>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots);
+  }
+}
+
+template <typename T>
+void load_row(const Problem& pb, const T* q, int64_t token, int64_t head, int64_t row, int64_t visible, Scratch& sc) {
+  const int64_t D = pb.head_dim;
+  const T* src = q + (token * pb.num_q_heads + head) * D;
+  float* dst = sc.q.data() + row * D;
+  for (int64_t d = 0; d < D; ++d) dst[d] = to_float(src[d]) * pb.sm_scale;
+  std::fill(sc.out.data() + row * D, sc.out.data() + (row + 1) * D, 0.0f);
+  sc.row_max[row] = -std::numeric_limits<float>::infinity();
+  sc.row_sum[row] = 0.0f;
+  sc.visible[row] = static_cast<int>(visible);
+}
+
+// First pass over a shared prefix: every member's rows for one kv head (row m * group + g is member
+// m's q head kv_head * group + g), the group's shared keys, state kept unnormalised in `states`.
+template <typename T>
+void run_shared(const SharedGroup& g, int64_t kv_head, const Problem& pb, const T* q, const T* k_buffer,
+                const T* v_buffer, Scratch& sc, RowStates& states) {
+  const int64_t D = pb.head_dim, rows = static_cast<int64_t>(g.members.size()) * pb.group;
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t b = g.members[row / pb.group], head = kv_head * pb.group + row % pb.group;
+    load_row<T>(pb, q, pb.starts[b], head, row, g.keys, sc);
+  }
+  const Item it{g.members[0], kv_head, 1, 0, 1, 0, rows >= kSharedGemmMinRows, 0, false};
+  run_keys<T>(it, pb, k_buffer, v_buffer, sc, rows, 0, g.keys, pb.req_to_token + pb.rows[g.members[0]] * pb.table_width);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t b = g.members[row / pb.group], head = kv_head * pb.group + row % pb.group;
+    const int64_t at = b * pb.num_q_heads + head;
+    states.max[at] = sc.row_max[row];
+    states.sum[at] = sc.row_sum[row];
+    std::copy(sc.out.data() + row * D, sc.out.data() + (row + 1) * D, states.out.data() + at * D);
+  }
+}
+
 template <typename T>
 void run_item(const Item& it, const Problem& pb, const T* q, const T* k_buffer, const T* v_buffer, T* o,
-              Scratch& sc) {
+              Scratch& sc, const RowStates& states) {
   const int64_t D = pb.head_dim;
   const int64_t prefix = pb.seq_lens[it.req] - pb.extend_lens[it.req];
   const int64_t rows = it.count * pb.group;  // per kv head
@@ -389,23 +464,17 @@ void run_item(const Item& it, const Problem& pb, const T* q, const T* k_buffer, 
     const int64_t hh = row / rows, r = row % rows;
     const int64_t token = pb.starts[it.req] + it.first + r / pb.group;
     const int64_t head = (it.kv_head + hh) * pb.group + r % pb.group;
-    const T* src = q + (token * pb.num_q_heads + head) * D;
-    float* dst = sc.q.data() + row * D;
-    for (int64_t d = 0; d < D; ++d) dst[d] = to_float(src[d]) * pb.sm_scale;
-    std::fill(sc.out.data() + row * D, sc.out.data() + (row + 1) * D, 0.0f);
-    sc.row_max[row] = -std::numeric_limits<float>::infinity();
-    sc.row_sum[row] = 0.0f;
-    sc.visible[row] = static_cast<int>(prefix + it.first + r / pb.group + 1);
+    load_row<T>(pb, q, token, head, row, prefix + it.first + r / pb.group + 1, sc);
+    if (it.resume) {  // a decode row: keys 0..key_begin-1 were the shared pass's
+      const int64_t at = it.req * pb.num_q_heads + head;
+      sc.row_max[row] = states.max[at];
+      sc.row_sum[row] = states.sum[at];
+      std::copy(states.out.data() + at * D, states.out.data() + (at + 1) * D, sc.out.data() + row * D);
+    }
   }
   const int64_t num_keys = prefix + it.first + it.count;  // what the block's last token sees
   const int32_t* slots = pb.req_to_token + pb.rows[it.req] * pb.table_width;
-  if (it.gemm) {
-    run_item_gemm<T>(it, pb, k_buffer, v_buffer, sc, rows, num_keys, slots);
-  } else if (D % kLanes == 0) {
-    run_item_vector<T>(it, pb, k_buffer, v_buffer, sc, rows, num_keys, slots);
-  } else {
-    run_item_scalar<T>(it, pb, k_buffer, v_buffer, sc, rows, num_keys, slots);
-  }
+  run_keys<T>(it, pb, k_buffer, v_buffer, sc, rows, it.key_begin, num_keys, slots);
   for (int64_t row = 0; row < rows * it.heads; ++row) {
     const int64_t hh = row / rows, r = row % rows;
     const int64_t token = pb.starts[it.req] + it.first + r / pb.group;
@@ -417,28 +486,44 @@ void run_item(const Item& it, const Problem& pb, const T* q, const T* k_buffer, 
   }
 }
 
+// Items are pulled, longest first, from a shared counter by one task per thread.
+template <typename Work>
+void pull_items(int64_t count, const Problem& pb, const Work& work) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), count);
+  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
+    // Kept per thread across calls: its buffers are large enough (~0.6 MB) that the allocator maps
+    // them fresh each time, and every call then paid a page fault per 4 KiB on first touch.
+    // Every field is written before it is read in an item (load_row and run_item_gemm set them up).
+    thread_local Scratch sc;
+    sc.reserve(std::max({kQueryBlock * pb.num_q_heads, kGemmQueryBlock * pb.group, kMaxSharedMembers * pb.group}),
+               pb.head_dim);
+    for (int64_t w = begin; w < end; ++w) {
+      for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) work(i, sc);
+    }
+  });
+}
+
 template <typename T>
-void run_all(const std::vector<Item>& items, const Problem& pb, const at::Tensor& q, const at::Tensor& k_buffer,
-             const at::Tensor& v_buffer, const at::Tensor& o) {
+void run_all(const std::vector<Item>& items, const std::vector<SharedGroup>& groups, const Problem& pb,
+             const at::Tensor& q, const at::Tensor& k_buffer, const at::Tensor& v_buffer, const at::Tensor& o,
+             int64_t batch) {
   const T* qp = q.data_ptr<T>();
   const T* kp = k_buffer.data_ptr<T>();
   const T* vp = v_buffer.data_ptr<T>();
   T* op = o.data_ptr<T>();
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(items.size()));
-  // One task per thread; each pulls the next item (longest first) until none are left.
-  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    // Kept per thread across calls: its buffers are large enough (~0.6 MB) that the allocator maps
-    // them fresh each time, and every call then paid a page fault per 4 KiB on first touch.
-    // Every field is written before it is read in an item (run_item and run_item_gemm set them up).
-    thread_local Scratch sc;
-    sc.reserve(std::max<int64_t>(kQueryBlock * pb.num_q_heads, kGemmQueryBlock * pb.group), pb.head_dim);
-    for (int64_t w = begin; w < end; ++w) {
-      for (int64_t i = next.fetch_add(1); i < static_cast<int64_t>(items.size()); i = next.fetch_add(1)) {
-        run_item<T>(items[i], pb, qp, kp, vp, op, sc);
-      }
-    }
-  });
+  RowStates states;
+  if (!groups.empty()) {  // first pass: (group, kv head) items, the biggest groups first
+    const int64_t cells = batch * pb.num_q_heads;
+    states.max.resize(cells);
+    states.sum.resize(cells);
+    states.out.resize(cells * pb.head_dim);
+    pull_items(static_cast<int64_t>(groups.size()) * pb.num_kv_heads, pb, [&](int64_t i, Scratch& sc) {
+      run_shared<T>(groups[i / pb.num_kv_heads], i % pb.num_kv_heads, pb, qp, kp, vp, sc, states);
+    });
+  }
+  pull_items(static_cast<int64_t>(items.size()), pb,
+             [&](int64_t i, Scratch& sc) { run_item<T>(items[i], pb, qp, kp, vp, op, sc, states); });
 }
 
 // Every index the kernel will follow is checked first: a bad one must raise, never read out of bounds.
@@ -459,12 +544,67 @@ void check_request(const Problem& pb, int64_t b, int64_t table_rows, int64_t num
   }
 }
 
-std::vector<Item> make_items(const Problem& pb, int64_t batch, int64_t table_rows, int64_t num_tokens,
-                             int64_t num_slots, int64_t threads) {
+// Groups among order[l..r] (decode requests in slot order; adj[i] = leading slots order[i] and
+// order[i + 1] share, so a run shares the minimum of its links) that save the most key reads: the
+// whole run sharing its weakest link's keys, or the best groups on either side of that link.
+int64_t plan_groups(const std::vector<int64_t>& adj, int64_t l, int64_t r, std::vector<std::pair<int64_t, int64_t>>& out) {
+  if (l >= r) return 0;
+  const int64_t weakest = std::min_element(adj.begin() + l, adj.begin() + r) - adj.begin();
+  std::vector<std::pair<int64_t, int64_t>> split;
+  const int64_t split_saving = plan_groups(adj, l, weakest, split) + plan_groups(adj, weakest + 1, r, split);
+  const int64_t whole_saving = adj[weakest] >= kMinSharedKeys ? (r - l) * adj[weakest] : 0;
+  if (whole_saving > 0 && whole_saving >= split_saving) {
+    out.emplace_back(l, r);
+    return whole_saving;
+  }
+  out.insert(out.end(), split.begin(), split.end());
+  return split_saving;
+}
+
+// Decode requests (one new token) whose tables begin with the same slots; see the top. A member
+// shares at most seq_len - 1 keys: the last is its own new token.
+std::vector<SharedGroup> find_shared_prefixes(const Problem& pb, int64_t batch) {
+  std::vector<int64_t> order;
+  for (int64_t b = 0; b < batch; ++b) {
+    if (pb.extend_lens[b] == 1 && pb.seq_lens[b] > kMinSharedKeys) order.push_back(b);
+  }
+  if (order.size() < 2) return {};
+  const auto slots = [&](int64_t b) { return pb.req_to_token + pb.rows[b] * pb.table_width; };
+  const auto shareable = [&](int64_t b) { return pb.seq_lens[b] - 1; };
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return std::lexicographical_compare(slots(a), slots(a) + shareable(a), slots(b), slots(b) + shareable(b));
+  });
+  std::vector<int64_t> adj(order.size() - 1);
+  for (size_t i = 0; i + 1 < order.size(); ++i) {
+    const int32_t *a = slots(order[i]), *b = slots(order[i + 1]);
+    const int64_t n = std::min(shareable(order[i]), shareable(order[i + 1]));
+    adj[i] = std::mismatch(a, a + n, b).first - a;
+  }
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  plan_groups(adj, 0, static_cast<int64_t>(order.size()) - 1, runs);
+  std::vector<SharedGroup> groups;
+  for (const auto& [l, r] : runs) {
+    const int64_t keys = *std::min_element(adj.begin() + l, adj.begin() + r);
+    const int64_t members = r - l + 1, parts = (members + kMaxSharedMembers - 1) / kMaxSharedMembers;
+    for (int64_t p = 0; p < parts; ++p) {  // near-equal parts of at most kMaxSharedMembers
+      const int64_t first = l + members * p / parts, last = l + members * (p + 1) / parts;
+      if (last - first >= 2) groups.push_back({std::vector<int64_t>(order.begin() + first, order.begin() + last), keys});
+    }
+  }
+  std::stable_sort(groups.begin(), groups.end(), [](const SharedGroup& a, const SharedGroup& b) {
+    return a.members.size() * a.keys > b.members.size() * b.keys;
+  });
+  return groups;
+}
+
+std::vector<Item> make_items(const Problem& pb, int64_t batch, int64_t threads, const std::vector<SharedGroup>& groups) {
+  std::vector<int64_t> shared_keys(batch, 0);
+  for (const SharedGroup& g : groups) {
+    for (int64_t b : g.members) shared_keys[b] = g.keys;
+  }
   const auto use_gemm = [&](int64_t b) { return pb.extend_lens[b] * pb.group >= kGemmMinRows; };
   int64_t blocks = 0;  // (request, query block) pairs
   for (int64_t b = 0; b < batch; ++b) {
-    check_request(pb, b, table_rows, num_tokens, num_slots);
     const int64_t block = use_gemm(b) ? kGemmQueryBlock : kQueryBlock;
     blocks += (pb.extend_lens[b] + block - 1) / block;
   }
@@ -477,9 +617,10 @@ std::vector<Item> make_items(const Problem& pb, int64_t batch, int64_t table_row
     const bool gemm = use_gemm(b);
     const int64_t block = gemm ? kGemmQueryBlock : kQueryBlock, heads = gemm ? 1 : slot_heads;
     for (int64_t first = 0; first < new_tokens; first += block) {
-      const int64_t count = std::min<int64_t>(block, new_tokens - first);
+      const int64_t count = std::min<int64_t>(block, new_tokens - first), keys = prefix + first + count;
       for (int64_t h = 0; h < pb.num_kv_heads; h += heads) {
-        items.push_back({b, h, heads, first, count, heads * count * (prefix + first + count), gemm});
+        items.push_back({b, h, heads, first, count, heads * count * (keys - shared_keys[b]), gemm, shared_keys[b],
+                         shared_keys[b] > 0});
       }
     }
   }
@@ -487,10 +628,39 @@ std::vector<Item> make_items(const Problem& pb, int64_t batch, int64_t table_row
   return items;
 }
 
+// The index tensors as the kernel reads them (int32 table, int64 lists), kept alive while pb points in.
+struct Tables {
+  at::Tensor req_to_token, rows, lens, new_lens, starts;
+
+  Tables(const at::Tensor& req_to_token_in, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
+         const at::Tensor& extend_lens, const at::Tensor& qo_start_loc)
+      : req_to_token(req_to_token_in.to(at::kInt).contiguous()),
+        rows(req_pool_indices.to(at::kLong).contiguous()),
+        lens(seq_lens.to(at::kLong).contiguous()),
+        new_lens(extend_lens.to(at::kLong).contiguous()),
+        starts(qo_start_loc.to(at::kLong).contiguous()) {
+    const int64_t batch = req_pool_indices.numel();
+    TORCH_CHECK(req_to_token_in.dim() == 2, "req_to_token must be 2-D");
+    for (const at::Tensor* t : {&req_pool_indices, &seq_lens, &extend_lens, &qo_start_loc}) {
+      TORCH_CHECK(t->dim() == 1 && t->numel() == batch,
+                  "req_pool_indices, seq_lens, extend_lens, qo_start_loc must be 1-D of one length");
+    }
+  }
+
+  void point(Problem& pb) const {
+    pb.req_to_token = req_to_token.data_ptr<int32_t>();
+    pb.table_width = req_to_token.size(1);
+    pb.rows = rows.data_ptr<int64_t>();
+    pb.seq_lens = lens.data_ptr<int64_t>();
+    pb.extend_lens = new_lens.data_ptr<int64_t>();
+    pb.starts = starts.data_ptr<int64_t>();
+  }
+};
+
 void paged_attention(const at::Tensor& q_in, const at::Tensor& k_buffer, const at::Tensor& v_buffer, const at::Tensor& o,
-                     const at::Tensor& req_to_token_in, const at::Tensor& req_pool_indices,
+                     const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                      const at::Tensor& seq_lens, const at::Tensor& extend_lens, const at::Tensor& qo_start_loc,
-                     double sm_scale) {
+                     double sm_scale, bool share_prefixes) {
   TORCH_CHECK(q_in.device().is_cpu(), "paged_attention_cpu runs on CPU tensors");
   TORCH_CHECK(k_buffer.is_contiguous() && v_buffer.is_contiguous() && o.is_contiguous(),
               "k_buffer, v_buffer and o must be contiguous");
@@ -503,46 +673,67 @@ void paged_attention(const at::Tensor& q_in, const at::Tensor& k_buffer, const a
   TORCH_CHECK(k_buffer.size(1) > 0 && q_in.size(1) % k_buffer.size(1) == 0,
               "num_q_heads must be a multiple of num_kv_heads");
   const int64_t batch = req_pool_indices.numel();
-  TORCH_CHECK(req_to_token_in.dim() == 2, "req_to_token must be 2-D");
-  for (const at::Tensor* t : {&req_pool_indices, &seq_lens, &extend_lens, &qo_start_loc}) {
-    TORCH_CHECK(t->dim() == 1 && t->numel() == batch,
-                "req_pool_indices, seq_lens, extend_lens, qo_start_loc must be 1-D of one length");
-  }
+  const Tables tables(req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start_loc);
   const at::Tensor q = q_in.contiguous();
-  const at::Tensor req_to_token = req_to_token_in.to(at::kInt).contiguous();
-  const at::Tensor rows = req_pool_indices.to(at::kLong).contiguous();
-  const at::Tensor lens = seq_lens.to(at::kLong).contiguous();
-  const at::Tensor new_lens = extend_lens.to(at::kLong).contiguous();
-  const at::Tensor starts = qo_start_loc.to(at::kLong).contiguous();
   Problem pb;
   pb.num_q_heads = q.size(1);
   pb.num_kv_heads = k_buffer.size(1);
   pb.group = pb.num_q_heads / pb.num_kv_heads;
   pb.head_dim = q.size(2);
   pb.slot_stride = pb.num_kv_heads * k_buffer.size(2);
-  pb.req_to_token = req_to_token.data_ptr<int32_t>();
-  pb.table_width = req_to_token.size(1);
-  pb.rows = rows.data_ptr<int64_t>();
-  pb.seq_lens = lens.data_ptr<int64_t>();
-  pb.extend_lens = new_lens.data_ptr<int64_t>();
-  pb.starts = starts.data_ptr<int64_t>();
   pb.sm_scale = static_cast<float>(sm_scale);
-  const std::vector<Item> items =
-      make_items(pb, rows.size(0), req_to_token.size(0), q.size(0), k_buffer.size(0), at::get_num_threads());
+  tables.point(pb);
+  for (int64_t b = 0; b < batch; ++b) {
+    check_request(pb, b, tables.req_to_token.size(0), q.size(0), k_buffer.size(0));
+  }
+  const std::vector<SharedGroup> groups = share_prefixes ? find_shared_prefixes(pb, batch) : std::vector<SharedGroup>{};
+  const std::vector<Item> items = make_items(pb, batch, at::get_num_threads(), groups);
   if (items.empty()) return;
   switch (q.scalar_type()) {
-    case at::kFloat: run_all<float>(items, pb, q, k_buffer, v_buffer, o); break;
-    case at::kBFloat16: run_all<c10::BFloat16>(items, pb, q, k_buffer, v_buffer, o); break;
-    case at::kHalf: run_all<c10::Half>(items, pb, q, k_buffer, v_buffer, o); break;
+    case at::kFloat: run_all<float>(items, groups, pb, q, k_buffer, v_buffer, o, batch); break;
+    case at::kBFloat16: run_all<c10::BFloat16>(items, groups, pb, q, k_buffer, v_buffer, o, batch); break;
+    case at::kHalf: run_all<c10::Half>(items, groups, pb, q, k_buffer, v_buffer, o, batch); break;
     default: TORCH_CHECK(false, "paged_attention_cpu: unsupported dtype ", q.scalar_type());
   }
+}
+
+// The groups paged_attention would form, as [batch, 2] int64: (group number or -1, keys shared).
+// For tests and benchmarks; indices are checked against the table only, as no pool is given.
+at::Tensor shared_prefix_groups(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                                const at::Tensor& seq_lens, const at::Tensor& extend_lens) {
+  const int64_t batch = req_pool_indices.numel();
+  const Tables tables(req_to_token, req_pool_indices, seq_lens, extend_lens, at::zeros({batch}, at::kLong));
+  Problem pb{};
+  tables.point(pb);
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(0 <= pb.rows[b] && pb.rows[b] < tables.req_to_token.size(0) && 1 <= pb.extend_lens[b] &&
+                    pb.extend_lens[b] <= pb.seq_lens[b] && pb.seq_lens[b] <= pb.table_width,
+                "request ", b, ": row, seq_len or extend_len outside the table");
+  }
+  at::Tensor out = at::full({batch, 2}, -1, at::kLong);
+  out.select(1, 1).zero_();
+  const std::vector<SharedGroup> groups = find_shared_prefixes(pb, batch);
+  auto cell = out.accessor<int64_t, 2>();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (int64_t b : groups[g].members) {
+      cell[b][0] = static_cast<int64_t>(g);
+      cell[b][1] = groups[g].keys;
+    }
+  }
+  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(vlserve_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor req_to_token, "
-        "Tensor req_pool_indices, Tensor seq_lens, Tensor extend_lens, Tensor qo_start_loc, float sm_scale) -> ()");
+        "Tensor req_pool_indices, Tensor seq_lens, Tensor extend_lens, Tensor qo_start_loc, float sm_scale, "
+        "bool share_prefixes=True) -> ()");
+  m.def("shared_prefix_groups(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor extend_lens) "
+        "-> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(vlserve_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }
+TORCH_LIBRARY_IMPL(vlserve_cpu, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+  m.impl("shared_prefix_groups", &shared_prefix_groups);
+}
