@@ -72,7 +72,8 @@ def from_results(args) -> str:
     model_dir = args.model or bench_model("/tmp/vlserve-bench-models/bench", BENCH_SPEC)
     lines = [f"Roofline of every system in `{args.results}` ({results[0].get('meta', {}).get('command', '?')}); "
              "FLOPs that had to be computed (vlserve/bench/roofline.py) over each system's wall time, against the "
-             f"GEMM peak ({PEAK_ROWS}x1024x2816) that workloads.py measured before and after the workload in that run.",
+             f"GEMM peak ({PEAK_ROWS}x1024x2816, in the run's dtype: {results[0].get('dtype', 'float32')}) that workloads.py "
+             "measured before and after the workload in that run.",
              "", "| workload | GFLOP required | GEMM peak GFLOP/s (before / after) | system | wall s | achieved GFLOP/s | share of the roofline |",
              "| --- | ---: | --- | --- | ---: | ---: | ---: |"]
     with Engine(model_dir, num_threads=1, video_frames=8) as engine:

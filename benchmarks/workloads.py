@@ -16,7 +16,7 @@ Reported per system: requests/s and output tokens/s over the batch's wall time, 
 first token (p50/p90/p99; where the system reports them), and the prompt cache hit rate
 (Σ cached / Σ prompt tokens) against the optimum (Σ prompt − union trie of the prompts' token ids,
 pseudo-token ids for images). Writes OUT/<workload>.json, OUT/<workload>.png and OUT/workloads.md.
-The JSON also carries the GEMM peak measured before and after each workload (fp32, the same threads),
+The JSON also carries the GEMM peak measured before and after each workload (in the run's dtype, the same threads),
 from which `benchmarks/roofline.py --results OUT` gives every system's share of the compute roofline.
 """
 
@@ -102,7 +102,8 @@ def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vl
     (the machine's load drifts, so neither system always goes first)."""
     reqs = W.WORKLOADS[name]()
     results, optimum, skipped = [], None, {}
-    peak_before = gemm_peak()[0]  # for benchmarks/roofline.py --results: the machine's rate in this run
+    peak_dtype = getattr(torch, dtype)  # the run's dtype: a bf16 run is held to bf16's GEMM peak
+    peak_before = gemm_peak(dtype=peak_dtype)[0]  # for benchmarks/roofline.py --results: the machine's rate in this run
     for repeat in range(repeats):
         for system in (systems if repeat % 2 == 0 else systems[::-1]):
             if system in skipped:
@@ -117,7 +118,7 @@ def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vl
                 continue
             results.append((repeat + 1, run))
             print(f"[{name}] {system}: {len(reqs) / run.wall_s:.2f} req/s", file=sys.stderr, flush=True)
-    peak_after = gemm_peak()[0]
+    peak_after = gemm_peak(dtype=peak_dtype)[0]
     if optimum is None:
         optimum = _optimum_without_engine(model_dir, reqs)
     return {"workload": name, "requests": len(reqs), "new_tokens": W.NEW_TOKENS, "dtype": dtype,

@@ -80,13 +80,14 @@ def required_flops(engine, jobs: list[Job]) -> dict[str, float]:
     }
 
 
-def gemm_peak(rows: int = PEAK_ROWS, seconds: float = 1.0) -> tuple[float, str]:
-    """GFLOP/s of the fastest path on a [rows, 1024] x [1024, 2816] product."""
+def gemm_peak(rows: int = PEAK_ROWS, seconds: float = 1.0, dtype: torch.dtype = torch.float32) -> tuple[float, str]:
+    """GFLOP/s of the fastest path on a [rows, 1024] x [1024, 2816] product in `dtype` (a bf16 run's
+    roofline is bf16's peak: on AVX512_BF16 about twice fp32's)."""
     torch.manual_seed(0)
-    dense = nn.Linear(1024, 2816, bias=False)
-    fast = CpuLinear(1024, 2816, bias=False)
+    dense = nn.Linear(1024, 2816, bias=False).to(dtype)
+    fast = CpuLinear(1024, 2816, bias=False).to(dtype)
     fast.weight = dense.weight
-    x = torch.randn(rows, 1024)
+    x = torch.randn(rows, 1024, dtype=dtype)
     best = (0.0, "")
     with torch.inference_mode():
         for name, fn in (("F.linear", lambda: F.linear(x, dense.weight)), ("CpuLinear", lambda: fast(x))):
