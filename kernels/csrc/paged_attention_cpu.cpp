@@ -21,8 +21,8 @@
 // same slots for it, so a decode batch of six questions about one picture, or of 24 continuations
 // of one few-shot prompt, would read the same keys six or 24 times a layer. Requests with one new
 // token whose tables begin with the same slots are grouped (find_shared_prefixes); a first pass runs
-// all of a group's query rows against the shared keys as one item — many rows, so the transposed
-// or BLAS path at full width, each key read once — and keeps every row's unnormalised softmax state
+// all of a group's query rows against the shared keys as one item — many rows, so through BLAS from
+// kSharedGemmMinRows, each key read once — and keeps every row's unnormalised softmax state
 // (max, sum, output); the second pass resumes each request from that state over its own remaining
 // keys. Cascade attention (FlashInfer) merges two normalised results instead; resuming the online
 // softmax needs no merge step.
@@ -67,6 +67,8 @@ constexpr int kGemmMinRows = 32;
 // most this many members (rows = members x group must fit the scratch; a bigger group is split).
 constexpr int64_t kMinSharedKeys = 32;
 constexpr int64_t kMaxSharedMembers = 32;
+// The shared pass goes through BLAS from this many rows: measured faster than the transposed tiles
+// at 24 rows (six members at GQA 4).
 constexpr int64_t kSharedGemmMinRows = 16;
 
 inline vf select(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
