@@ -8,6 +8,7 @@ the server's 401 message. Screenshots of each state go to the folder printed at 
 import io
 import shutil
 import tempfile
+import time
 
 import pytest
 from PIL import Image, ImageDraw
@@ -74,6 +75,10 @@ def test_ask_about_a_picture_then_follow_up_from_the_cache(browser):
 
 def test_stop_aborts_a_long_answer_and_frees_the_pool(browser):
     engine, srv = start_server()  # the tiny random model: it rambles until max tokens
+    # Paced to 100 forwards a second, so 1,500 tokens take 15 s: on a loaded machine the unpaced tiny
+    # model finished its answer before the browser had drawn 20 characters, and Stop was disabled.
+    run = engine.runner.run
+    engine.runner.run = lambda plan: (time.sleep(0.01), run(plan))[1]
     try:
         page = browser.new_page()
         page.goto(srv.url + "/")
