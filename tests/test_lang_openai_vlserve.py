@@ -18,10 +18,10 @@ def url():
 
 
 def caption_fields(s):
-    # The built-in model, asked for a caption with no picture, still writes one in its own form:
-    # "A blue triangle and a purple triangle." - so "first" is the shape before " and", "second"
-    # the one after it.
-    s += "USER: Describe the image in one sentence. ASSISTANT: A"
+    # The built-in model, asked for a caption with no picture, still writes one in its own form: begun
+    # "A red square,", it goes on " a blue triangle and a purple triangle." - so "first" is the shape
+    # before " and", "second" the one after it.
+    s += "USER: What is in the image? ASSISTANT: A red square,"
     s += sgl.gen("first", stop=" and") + " and" + sgl.gen("second", stop=".") + "."
 
 
