@@ -78,7 +78,12 @@ def test_stop_aborts_a_long_answer_and_frees_the_pool(browser):
     # Paced to 100 forwards a second, so 1,500 tokens take 15 s: on a loaded machine the unpaced tiny
     # model finished its answer before the browser had drawn 20 characters, and Stop was disabled.
     run = engine.runner.run
-    engine.runner.run = lambda plan: (time.sleep(0.01), run(plan))[1]
+
+    def paced_run(plan):
+        time.sleep(0.01)
+        return run(plan)
+
+    engine.runner.run = paced_run
     try:
         page = browser.new_page()
         page.goto(srv.url + "/")

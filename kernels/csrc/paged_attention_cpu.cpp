@@ -39,7 +39,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <utility>
 #include <vector>
 
 namespace {
@@ -546,17 +545,22 @@ void check_request(const Problem& pb, int64_t b, int64_t table_rows, int64_t num
   }
 }
 
-// Groups among order[l..r] (decode requests in slot order; adj[i] = leading slots order[i] and
+// order[first..last] share their first `keys` slots.
+struct Run {
+  int64_t first, last, keys;
+};
+
+// Runs among order[l..r] (decode requests in slot order; adj[i] = leading slots order[i] and
 // order[i + 1] share, so a run shares the minimum of its links) that save the most key reads: the
-// whole run sharing its weakest link's keys, or the best groups on either side of that link.
-int64_t plan_groups(const std::vector<int64_t>& adj, int64_t l, int64_t r, std::vector<std::pair<int64_t, int64_t>>& out) {
+// whole run sharing its weakest link's keys, or the best runs on either side of that link.
+int64_t plan_groups(const std::vector<int64_t>& adj, int64_t l, int64_t r, std::vector<Run>& out) {
   if (l >= r) return 0;
   const int64_t weakest = std::min_element(adj.begin() + l, adj.begin() + r) - adj.begin();
-  std::vector<std::pair<int64_t, int64_t>> split;
+  std::vector<Run> split;
   const int64_t split_saving = plan_groups(adj, l, weakest, split) + plan_groups(adj, weakest + 1, r, split);
   const int64_t whole_saving = adj[weakest] >= kMinSharedKeys ? (r - l) * adj[weakest] : 0;
   if (whole_saving > 0 && whole_saving >= split_saving) {
-    out.emplace_back(l, r);
+    out.push_back({l, r, adj[weakest]});
     return whole_saving;
   }
   out.insert(out.end(), split.begin(), split.end());
@@ -582,15 +586,16 @@ std::vector<SharedGroup> find_shared_prefixes(const Problem& pb, int64_t batch) 
     const int64_t n = std::min(shareable(order[i]), shareable(order[i + 1]));
     adj[i] = std::mismatch(a, a + n, b).first - a;
   }
-  std::vector<std::pair<int64_t, int64_t>> runs;
+  std::vector<Run> runs;
   plan_groups(adj, 0, static_cast<int64_t>(order.size()) - 1, runs);
   std::vector<SharedGroup> groups;
-  for (const auto& [l, r] : runs) {
-    const int64_t keys = *std::min_element(adj.begin() + l, adj.begin() + r);
-    const int64_t members = r - l + 1, parts = (members + kMaxSharedMembers - 1) / kMaxSharedMembers;
+  for (const Run& run : runs) {
+    const int64_t members = run.last - run.first + 1, parts = (members + kMaxSharedMembers - 1) / kMaxSharedMembers;
     for (int64_t p = 0; p < parts; ++p) {  // near-equal parts of at most kMaxSharedMembers
-      const int64_t first = l + members * p / parts, last = l + members * (p + 1) / parts;
-      if (last - first >= 2) groups.push_back({std::vector<int64_t>(order.begin() + first, order.begin() + last), keys});
+      const int64_t first = run.first + members * p / parts, last = run.first + members * (p + 1) / parts;
+      if (last - first >= 2) {
+        groups.push_back({std::vector<int64_t>(order.begin() + first, order.begin() + last), run.keys});
+      }
     }
   }
   std::stable_sort(groups.begin(), groups.end(), [](const SharedGroup& a, const SharedGroup& b) {
@@ -707,11 +712,8 @@ at::Tensor shared_prefix_groups(const at::Tensor& req_to_token, const at::Tensor
   const Tables tables(req_to_token, req_pool_indices, seq_lens, extend_lens, at::zeros({batch}, at::kLong));
   Problem pb{};
   tables.point(pb);
-  for (int64_t b = 0; b < batch; ++b) {
-    TORCH_CHECK(0 <= pb.rows[b] && pb.rows[b] < tables.req_to_token.size(0) && 1 <= pb.extend_lens[b] &&
-                    pb.extend_lens[b] <= pb.seq_lens[b] && pb.seq_lens[b] <= pb.table_width,
-                "request ", b, ": row, seq_len or extend_len outside the table");
-  }
+  const int64_t unbounded = std::numeric_limits<int64_t>::max();  // no q rows or pool to bound them here
+  for (int64_t b = 0; b < batch; ++b) check_request(pb, b, tables.req_to_token.size(0), unbounded, unbounded);
   at::Tensor out = at::full({batch, 2}, -1, at::kLong);
   out.select(1, 1).zero_();
   const std::vector<SharedGroup> groups = find_shared_prefixes(pb, batch);
