@@ -25,7 +25,8 @@ from .validate import check_decode_args, check_extend_args
 
 _SOURCES = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", name)
             for name in ("paged_attention_cpu.cpp", "small_gemm_cpu.cpp", "fused_cpu.cpp")]
-_HEADER = os.path.join(os.path.dirname(_SOURCES[0]), "vec_cpu.h")  # vector types and loads the three share
+_HEADERS = [os.path.join(os.path.dirname(_SOURCES[0]), name)
+            for name in ("vec_cpu.h", "bf16_dot_cpu.h")]  # shared vector types and loads; bf16 dot products
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}  # "op": the torch op, or "error": why it could not be built
 
@@ -42,7 +43,7 @@ def _extension_name() -> str:
     except OSError:
         pass
     digest = hashlib.sha1(flags.encode())
-    for path in _SOURCES + [_HEADER]:
+    for path in _SOURCES + _HEADERS:
         with open(path, "rb") as f:
             digest.update(f.read())
     return "vlserve_cpu_attention_" + digest.hexdigest()[:10]
@@ -107,12 +108,13 @@ def cpu_attention_error() -> str | None:
 
 
 def decode_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, sm_scale,
-                         num_kv_splits=None, share_prefixes: bool = True) -> None:
+                         num_kv_splits=None, share_prefixes: bool = True, bf16_dot: bool = True) -> None:
     """o[b] = attention of q[b] over tokens 0..seq_lens[b]-1 of request req_pool_indices[b].
 
     Requests whose tables begin with the same slots (a prefix the radix cache shares) read those keys
     once for the group (see the kernel's header); share_prefixes=False reads them per request, for
-    measuring what that saves."""
+    measuring what that saves. bf16_dot=False keeps a bf16 pool's big blocks on fp32 BLAS instead
+    of bf16 dot products (has_bf16_dot), for the same purpose."""
     op = cpu_attention_op() if q.is_cpu else None  # the kernel is CPU-only; elsewhere the references run
     if op is None:
         return decode_attention_ref(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, sm_scale)
@@ -120,7 +122,14 @@ def decode_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indice
     batch = q.shape[0]
     ones = torch.ones(batch, dtype=torch.int64)
     op(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, ones, torch.arange(batch), sm_scale,
-       share_prefixes)
+       share_prefixes, bf16_dot)
+
+
+def has_bf16_dot() -> bool:
+    """Whether the built kernel runs a bf16 pool's long blocks in bf16 dot products (AVX512_BF16)."""
+    if cpu_attention_op() is None:
+        raise RuntimeError(f"the CPU attention kernel is unavailable: {cpu_attention_error()}")
+    return torch.ops.vlserve_cpu.has_bf16_dot()
 
 
 def shared_prefix_groups(req_to_token, req_pool_indices, seq_lens, extend_lens=None) -> torch.Tensor:
@@ -135,7 +144,7 @@ def shared_prefix_groups(req_to_token, req_pool_indices, seq_lens, extend_lens=N
 
 
 def extend_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens,
-                         qo_start_loc, sm_scale) -> None:
+                         qo_start_loc, sm_scale, bf16_dot: bool = True) -> None:
     """Request b's new tokens q[qo_start_loc[b] : + extend_lens[b]] attend to its cached prefix and
     causally to themselves."""
     op = cpu_attention_op() if q.is_cpu else None
@@ -144,4 +153,5 @@ def extend_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indice
                                     extend_lens, qo_start_loc, sm_scale)
     check_extend_args(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens,
                       qo_start_loc)
-    op(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start_loc, sm_scale)
+    op(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start_loc, sm_scale,
+       True, bf16_dot)

@@ -1,7 +1,8 @@
 """The batched CPU paged-attention kernel (kernels/cpu_attention.py, csrc/paged_attention_cpu.cpp)
 against the per-request PyTorch references: ragged lengths, prefix hits, page sizes 1 and > 1,
 GQA and MHA, head dims with and without a specialised path, fp32 / bf16 / fp16, one and two threads,
-and decode batches whose requests share prefix slots (the shared-prefix pass and its grouping).
+and decode batches whose requests share prefix slots (the shared-prefix pass and its grouping);
+bf16 pools' long blocks in bf16 dot products (AVX512_BF16) against the reference and the fp32 path.
 
 Error is max |out - ref| / max |ref|, as in test_kernels.py.
 """
@@ -14,7 +15,7 @@ import torch
 
 from vlserve.kernels import cpu_attention
 from vlserve.kernels.cpu_attention import (
-    cpu_attention_op, decode_attention_cpu, extend_attention_cpu, shared_prefix_groups,
+    cpu_attention_op, decode_attention_cpu, extend_attention_cpu, has_bf16_dot, shared_prefix_groups,
 )
 from vlserve.kernels.paged_batch import random_paged_batch, share_prefixes
 from vlserve.kernels.reference import decode_attention_ref, extend_attention_ref
@@ -26,6 +27,10 @@ TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+def l2_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -168,6 +173,48 @@ def test_low_precision_matches_reference(dtype):
     assert rel_err(out, batch.extend(extend_attention_ref)) < TOLERANCE[dtype]
     decode = random_paged_batch([50, 9, 120], None, 8, 2, 64, dtype, page_size=8, seed=8)
     assert rel_err(decode.decode(decode_attention_cpu), decode.decode(decode_attention_ref)) < TOLERANCE[dtype]
+
+
+def cpu_has_avx512_bf16() -> bool:
+    with open("/proc/cpuinfo") as f:
+        return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+
+
+def test_bf16_dot_path_is_built_where_the_cpu_has_it():
+    # Built with -march=native: on a CPU with AVX512_BF16 the bf16 path must be there (else every
+    # bf16 test below would only test the fp32 BLAS path twice).
+    assert has_bf16_dot() == cpu_has_avx512_bf16()
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 48, 24])  # 24: not whole vectors, the fp32 BLAS path
+def test_bf16_dot_long_extend_matches_reference(head_dim, threads):
+    # EXTEND_CASES[3]: several 512-key blocks, the causal edge inside them, a 3-token request beside.
+    # The bf16 path rounds the probabilities to bf16 for P V: the output moves by about one bf16
+    # rounding (L2 error ~2e-3 of the output's norm, measured), where the fp32 path rounds exactly as
+    # the reference does (~3e-5).
+    seq_lens, extend_lens = EXTEND_CASES[3]
+    batch = random_paged_batch(seq_lens, extend_lens, 8, 2, head_dim, torch.bfloat16, page_size=4, seed=head_dim)
+    used = set()
+    for row, length in zip(batch.req_pool_indices.tolist(), batch.seq_lens.tolist()):
+        used.update(batch.req_to_token[row, :length].tolist())
+    unused = torch.tensor(sorted(set(range(batch.k_buffer.shape[0])) - used), dtype=torch.long)
+    batch.k_buffer[unused] = float("nan")  # a padding key or a slot past a length read would show
+    batch.v_buffer[unused] = float("nan")
+    ref = batch.extend(extend_attention_ref)
+    dot = batch.extend(extend_attention_cpu)
+    fp32 = batch.extend(lambda *a: extend_attention_cpu(*a, bf16_dot=False))
+    assert torch.isfinite(dot).all()
+    assert rel_err(dot, ref) < TOLERANCE[torch.bfloat16]
+    assert rel_err(fp32, ref) < TOLERANCE[torch.bfloat16]
+    assert l2_err(dot, ref) < 4e-3 and l2_err(fp32, ref) < 2e-4
+
+
+def test_bf16_dot_shared_prefix_decode_matches_reference():
+    # The shared pass's big groups (80 and 24 rows a kv head) take the BLAS blocks, so the bf16 path.
+    batch = shared_decode_batch((8, 2), 64, torch.bfloat16, 16, seed=9)
+    ref = batch.decode(decode_attention_ref)
+    assert rel_err(batch.decode(decode_attention_cpu), ref) < TOLERANCE[torch.bfloat16]
+    assert rel_err(batch.decode(lambda *a: decode_attention_cpu(*a, bf16_dot=False)), ref) < TOLERANCE[torch.bfloat16]
 
 
 def test_reads_only_the_requests_slots():

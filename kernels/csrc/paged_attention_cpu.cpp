@@ -26,11 +26,16 @@
 // (max, sum, output); the second pass resumes each request from that state over its own remaining
 // keys. Cascade attention (FlashInfer) merges two normalised results instead; resuming the online
 // softmax needs no merge step.
+//
+// bf16 pools on CPUs with AVX512_BF16: the BLAS blocks (long extends, big shared groups) run both
+// products in bf16 dot products instead (bf16_dot_cpu.h, run_item_bf16): fp32 BLAS would widen
+// every key and value and multiply at half the rate.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "bf16_dot_cpu.h"
 #include "vec_cpu.h"
 
 #include <algorithm>
@@ -39,6 +44,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -138,6 +144,7 @@ struct Problem {
   int64_t table_width;
   const int64_t *rows, *seq_lens, *extend_lens, *starts;
   float sm_scale;
+  bool bf16_dot;  // long extends of a bf16 pool in bf16 dot products, where the CPU has them
 };
 
 // Per-thread buffers: the item's rows (q pre-scaled, output accumulators, softmax state), one key
@@ -145,6 +152,7 @@ struct Problem {
 struct Scratch {
   std::vector<float> q, out, row_max, row_sum, k, v, p, rescale;
   std::vector<float> gemm_k, gemm_v, gemm_s;  // run_item_gemm's key / value blocks and scores
+  std::vector<uint32_t> pair_q, pair_k, pair_v, pair_p;  // run_item_bf16's operands in bf16 pairs
   std::vector<int> visible;
   void reserve(int64_t rows, int64_t d) {
     q.resize(rows * d);
@@ -380,10 +388,51 @@ inline void softmax_block_row(float* s, int64_t n, int64_t visible, float& row_m
   }
 }
 
+#if defined(VLSERVE_BF16_DOT)
+// run_item_gemm for a bf16 pool: both products in bf16 dot products (bf16_dot_cpu.h), key block by
+// key block, the same online softmax between them.
+void run_item_bf16(const Item& it, const Problem& pb, const c10::BFloat16* k_buffer, const c10::BFloat16* v_buffer,
+                   Scratch& sc, int64_t rows, int64_t key_begin, int64_t num_keys, const int32_t* slots) {
+  namespace bd = vlserve_bf16;
+  static_assert(kGemmKeyBlock % bd::kKeyAlign == 0, "key blocks must be whole scores tiles");
+  const int64_t D = pb.head_dim, pairs = D / 2, head_offset = it.kv_head * D;
+  const int64_t rows_pad = (rows + bd::kRowAlign - 1) / bd::kRowAlign * bd::kRowAlign;
+  sc.pair_q.assign(rows_pad * pairs, 0u);  // padding rows score 0 and are never read back
+  for (int64_t r = 0; r < rows; ++r) bd::pack_row_pairs(sc.q.data() + r * D, D, pb.sm_scale, sc.pair_q.data() + r * pairs);
+  sc.pair_k.resize(pairs * kGemmKeyBlock);
+  sc.pair_v.resize(kGemmKeyBlock / 2 * D);
+  sc.pair_p.resize(rows * kGemmKeyBlock / 2);
+  sc.gemm_s.resize(rows_pad * kGemmKeyBlock);
+  for (int64_t j0 = key_begin; j0 < num_keys; j0 += kGemmKeyBlock) {
+    const int64_t n = std::min<int64_t>(kGemmKeyBlock, num_keys - j0);
+    const int64_t n_pad = (n + bd::kKeyAlign - 1) / bd::kKeyAlign * bd::kKeyAlign;
+    bd::pack_keys(k_buffer, slots, j0, n, n_pad, pb.slot_stride, head_offset, D, sc.pair_k.data());
+    bd::pack_values(v_buffer, slots, j0, n, n_pad, pb.slot_stride, head_offset, D, sc.pair_v.data());
+    bd::scores(sc.pair_q.data(), rows_pad, sc.pair_k.data(), n_pad, pairs, pb.sm_scale, sc.gemm_s.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      float* s = sc.gemm_s.data() + r * n_pad;
+      softmax_block_row(s, n, std::min<int64_t>(n, sc.visible[r] - j0), sc.row_max[r], sc.row_sum[r],
+                        sc.out.data() + r * D, D);
+      std::fill(s + n, s + n_pad, 0.0f);  // the padding keys take no weight
+    }
+    bd::pack_probabilities(sc.gemm_s.data(), rows, n_pad, sc.pair_p.data());
+    bd::accumulate(sc.pair_p.data(), sc.pair_v.data(), rows, n_pad, D, sc.out.data());
+  }
+}
+#endif
+
 // A long extend block of one kv head: S = Q K^T and O += P V by BLAS, key block by key block.
 template <typename T>
 void run_item_gemm(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc,
                    int64_t rows, int64_t key_begin, int64_t num_keys, const int32_t* slots) {
+#if defined(VLSERVE_BF16_DOT)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (pb.bf16_dot && vlserve_bf16::supports(pb.head_dim)) {
+      run_item_bf16(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots);
+      return;
+    }
+  }
+#endif
   const int64_t D = pb.head_dim;
   sc.gemm_k.resize(kGemmKeyBlock * D);
   sc.gemm_v.resize(kGemmKeyBlock * D);
@@ -667,7 +716,7 @@ struct Tables {
 void paged_attention(const at::Tensor& q_in, const at::Tensor& k_buffer, const at::Tensor& v_buffer, const at::Tensor& o,
                      const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                      const at::Tensor& seq_lens, const at::Tensor& extend_lens, const at::Tensor& qo_start_loc,
-                     double sm_scale, bool share_prefixes) {
+                     double sm_scale, bool share_prefixes, bool bf16_dot) {
   TORCH_CHECK(q_in.device().is_cpu(), "paged_attention_cpu runs on CPU tensors");
   TORCH_CHECK(k_buffer.is_contiguous() && v_buffer.is_contiguous() && o.is_contiguous(),
               "k_buffer, v_buffer and o must be contiguous");
@@ -689,6 +738,7 @@ void paged_attention(const at::Tensor& q_in, const at::Tensor& k_buffer, const a
   pb.head_dim = q.size(2);
   pb.slot_stride = pb.num_kv_heads * k_buffer.size(2);
   pb.sm_scale = static_cast<float>(sm_scale);
+  pb.bf16_dot = bf16_dot;
   tables.point(pb);
   for (int64_t b = 0; b < batch; ++b) {
     check_request(pb, b, tables.req_to_token.size(0), q.size(0), k_buffer.size(0));
@@ -727,12 +777,22 @@ at::Tensor shared_prefix_groups(const at::Tensor& req_to_token, const at::Tensor
   return out;
 }
 
+// Whether this build has the bf16 dot-product path (compiled for a CPU with AVX512_BF16).
+bool has_bf16_dot() {
+#if defined(VLSERVE_BF16_DOT)
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(vlserve_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor req_to_token, "
         "Tensor req_pool_indices, Tensor seq_lens, Tensor extend_lens, Tensor qo_start_loc, float sm_scale, "
-        "bool share_prefixes=True) -> ()");
+        "bool share_prefixes=True, bool bf16_dot=True) -> ()");
+  m.def("has_bf16_dot() -> bool", &has_bf16_dot);
   m.def("shared_prefix_groups(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor extend_lens) "
         "-> Tensor");
 }
@@ -741,3 +801,4 @@ TORCH_LIBRARY_IMPL(vlserve_cpu, CPU, m) {
   m.impl("paged_attention", &paged_attention);
   m.impl("shared_prefix_groups", &shared_prefix_groups);
 }
+

@@ -1,0 +1,165 @@
+// bf16 x bf16 -> fp32 products on CPUs with AVX512_BF16, for the long-extend attention blocks:
+// S = Q K^T and O += P V where the pool is bf16. vdpbf16ps multiplies 32 bf16 pairs and adds each
+// pair's sum into one of 16 fp32 lanes: twice the rate of widening both sides to fp32 and an fp32
+// FMA, and no widening copy. (MKL's bf16 GEMM with fp32 output runs at fp32's rate on the AMD CPUs
+// measured; oneDNN's bf16 matmul rounds its output to bf16, too coarse for scores.)
+//
+// The instruction reduces over adjacent pairs, so each operand is laid out in "pairs" (VNNI):
+// a 32-bit word holds two consecutive elements along the reduced dimension, lower one first.
+// - scores reduce over the head dim: a key row's words already are its pairs, so K is transposed
+//   to [pair][key] (16 keys a vector) and each query row's pair is broadcast;
+// - values reduce over keys: rows 2t and 2t+1 of V interleave into [t][dim] words, and each
+//   probability row, rounded to bf16, is read as pairs of keys and broadcast.
+// Products of bf16 values are exact in fp32, so the scores equal the fp32 path's up to summation
+// order; P is rounded to bf16 for the second product (as FlashAttention does on GPUs), while the
+// softmax, its sums and the output stay fp32.
+#pragma once
+
+#if defined(__AVX512BF16__)
+#define VLSERVE_BF16_DOT 1
+#include <immintrin.h>
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace vlserve_bf16 {
+
+constexpr int kKeyAlign = 32;  // keys per scores tile (two vectors); blocks are padded to this
+constexpr int kRowAlign = 8;   // query rows per scores tile; row counts are padded to this
+constexpr int64_t kMaxHeadDim = 512;
+
+// Head dims this path takes: whole vectors of 16, and a key row that fits pack_keys' buffer.
+inline bool supports(int64_t head_dim) { return head_dim % 16 == 0 && head_dim <= kMaxHeadDim; }
+
+// A row of D fp32 values (D a multiple of 16), pre-scaled by `scale`, back to bf16 pairs:
+// dst[j] = (x[2j], x[2j+1]). The values were bf16 times `scale`, so dividing and rounding to bf16
+// gives those bf16 values back exactly.
+inline void pack_row_pairs(const float* x, int64_t D, float scale, uint32_t* dst) {
+  const __m512 inv = _mm512_set1_ps(1.0f / scale);
+  for (int64_t d = 0; d < D; d += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(x + d), inv));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d / 2), (__m256i)h);
+  }
+}
+
+// Keys j0..j0+n-1 of one kv head, transposed to kp[pair][key] (row stride n_pad); keys n..n_pad-1 zero.
+inline void pack_keys(const c10::BFloat16* k_buffer, const int32_t* slots, int64_t j0, int64_t n, int64_t n_pad,
+                      int64_t slot_stride, int64_t head_offset, int64_t D, uint32_t* kp) {
+  const int64_t pairs = D / 2;
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t row[kMaxHeadDim / 2];
+    std::memcpy(row, k_buffer + static_cast<int64_t>(slots[j0 + j]) * slot_stride + head_offset, D * 2);
+    for (int64_t p = 0; p < pairs; ++p) kp[p * n_pad + j] = row[p];
+  }
+  for (int64_t p = 0; p < pairs; ++p) std::memset(kp + p * n_pad + n, 0, (n_pad - n) * sizeof(uint32_t));
+}
+
+// Values j0..j0+n-1 of one kv head as key pairs: vp[t][d] = (V[2t][d], V[2t+1][d]); a missing
+// partner (odd n) and pairs up to n_pad / 2 are zero.
+inline void pack_values(const c10::BFloat16* v_buffer, const int32_t* slots, int64_t j0, int64_t n, int64_t n_pad,
+                        int64_t slot_stride, int64_t head_offset, int64_t D, uint32_t* vp) {
+  for (int64_t t = 0; 2 * t < n_pad; ++t) {
+    uint32_t* dst = vp + t * D;
+    const int64_t a = 2 * t, b = 2 * t + 1;
+    if (a >= n) {
+      std::memset(dst, 0, D * sizeof(uint32_t));
+      continue;
+    }
+    const uint16_t* lo = reinterpret_cast<const uint16_t*>(v_buffer + static_cast<int64_t>(slots[j0 + a]) * slot_stride +
+                                                           head_offset);
+    const uint16_t* hi = b < n ? reinterpret_cast<const uint16_t*>(
+                                     v_buffer + static_cast<int64_t>(slots[j0 + b]) * slot_stride + head_offset)
+                               : nullptr;
+    for (int64_t d = 0; d < D; d += 16) {  // D is a multiple of 16 here
+      const __m512i l = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + d)));
+      const __m512i h = hi ? _mm512_slli_epi32(
+                                 _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + d))), 16)
+                           : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst + d, _mm512_or_si512(l, h));
+    }
+  }
+}
+
+// s[r][0..n_pad) = scale * (q row r . key) for rows 0..rows_pad-1 (multiple of kRowAlign) and keys
+// in tiles of kKeyAlign; qp [rows_pad][pairs], kp [pairs][n_pad].
+inline void scores(const uint32_t* qp, int64_t rows_pad, const uint32_t* kp, int64_t n_pad, int64_t pairs, float scale,
+                   float* s) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t n0 = 0; n0 < n_pad; n0 += kKeyAlign) {  // the key tile stays in L1 across row tiles
+    for (int64_t r0 = 0; r0 < rows_pad; r0 += kRowAlign) {
+      __m512 acc[kRowAlign][2];
+      for (int r = 0; r < kRowAlign; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+      const uint32_t* q = qp + r0 * pairs;
+      for (int64_t p = 0; p < pairs; ++p) {
+        const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kp + p * n_pad + n0);
+        const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kp + p * n_pad + n0 + 16);
+        for (int r = 0; r < kRowAlign; ++r) {
+          const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r * pairs + p]));
+          acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qv, k0);
+          acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qv, k1);
+        }
+      }
+      for (int r = 0; r < kRowAlign; ++r) {
+        _mm512_storeu_ps(s + (r0 + r) * n_pad + n0, _mm512_mul_ps(acc[r][0], sc));
+        _mm512_storeu_ps(s + (r0 + r) * n_pad + n0 + 16, _mm512_mul_ps(acc[r][1], sc));
+      }
+    }
+  }
+}
+
+// Probability rows (fp32, stride n_pad) rounded to bf16 pairs of keys: pp[r][t] = (P[r][2t], P[r][2t+1]).
+inline void pack_probabilities(const float* s, int64_t rows, int64_t n_pad, uint32_t* pp) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = s + r * n_pad;
+    uint32_t* dst = pp + r * (n_pad / 2);
+    for (int64_t j = 0; j < n_pad; j += 32) {
+      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + j + 16), _mm512_loadu_ps(x + j));
+      _mm512_storeu_si512(dst + j / 2, (__m512i)h);
+    }
+  }
+}
+
+// out[r][d0 .. d0 + 16 NV) += sum over key pairs t of pp[r][t] . vp[t][d], for R rows from r0.
+template <int R, int NV>
+inline void accumulate_tile(const uint32_t* pp, const uint32_t* vp, int64_t half, int64_t D, int64_t r0, int64_t d0,
+                            float* out) {
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(out + (r0 + r) * D + d0 + 16 * c);
+  for (int64_t t = 0; t < half; ++t) {
+    __m512bh v[NV];
+    for (int c = 0; c < NV; ++c) v[c] = (__m512bh)_mm512_loadu_si512(vp + t * D + d0 + 16 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[(r0 + r) * half + t]));
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], p, v[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + (r0 + r) * D + d0 + 16 * c, acc[r][c]);
+}
+
+template <int R>
+inline void accumulate_rows(const uint32_t* pp, const uint32_t* vp, int64_t half, int64_t D, int64_t r0, float* out) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) accumulate_tile<R, 4>(pp, vp, half, D, r0, d0, out);
+  switch ((D - d0) / 16) {
+    case 3: accumulate_tile<R, 3>(pp, vp, half, D, r0, d0, out); break;
+    case 2: accumulate_tile<R, 2>(pp, vp, half, D, r0, d0, out); break;
+    case 1: accumulate_tile<R, 1>(pp, vp, half, D, r0, d0, out); break;
+    default: break;
+  }
+}
+
+// out[r] += P[r] V for rows 0..rows-1 (D a multiple of 16); pp [rows][n_pad / 2], vp [n_pad / 2][D].
+inline void accumulate(const uint32_t* pp, const uint32_t* vp, int64_t rows, int64_t n_pad, int64_t D, float* out) {
+  const int64_t half = n_pad / 2;
+  int64_t r0 = 0;
+  for (; r0 + 4 <= rows; r0 += 4) accumulate_rows<4>(pp, vp, half, D, r0, out);
+  for (; r0 < rows; ++r0) accumulate_rows<1>(pp, vp, half, D, r0, out);
+}
+
+}  // namespace vlserve_bf16
+
+#endif  // __AVX512BF16__
