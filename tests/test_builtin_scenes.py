@@ -253,3 +253,16 @@ def test_captions_name_colours_in_a_fixed_order_then_shapes():
         assert named == sorted(set(named), key=rank.__getitem__), caption
         seen_multi += len(named) > 1
     assert seen_multi > 50
+
+
+@pytest.mark.parametrize("grid", [4, 6, 8])  # 6 (96 px in 16 px patches) does not divide the canvas
+def test_patch_blocks_follow_the_model_grid(grid):
+    mask = np.zeros((scenes.CANVAS, scenes.CANVAS), np.uint8)
+    mask[:, : scenes.CANVAS // 2] = 1  # left half
+    mask[scenes.CANVAS // 4 * 3:, :] = 2  # bottom quarter, over it
+    blocks = scenes.patch_blocks(mask, grid)
+    assert blocks.shape[0] == grid * grid
+    majority = np.array([np.bincount(b, minlength=3).argmax() for b in blocks]).reshape(grid, grid)
+    rows, cols = np.indices((grid, grid))
+    expected = np.where((rows + 0.5) / grid > 0.75, 2, np.where((cols + 0.5) / grid < 0.5, 1, 0))
+    assert (majority == expected).all()

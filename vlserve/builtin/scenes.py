@@ -194,7 +194,10 @@ def render(shapes: list[Shape], view: View, bg_kind: str, bg_name: str, rng: ran
 def patch_blocks(mask: np.ndarray, grid: int) -> np.ndarray:
     """A label mask cut into the model's grid x grid patches: [grid * grid, pixels per patch],
     patches in row-major order (the order of the image tokens)."""
-    block = CANVAS // grid
+    block = -(-CANVAS // grid)
+    if block * grid != CANVAS:  # a grid that does not divide the canvas: nearest-neighbour resample
+        pick = np.arange(block * grid) * CANVAS // (block * grid)
+        mask = mask[np.ix_(pick, pick)]
     return mask.reshape(grid, block, grid, block).transpose(0, 2, 1, 3).reshape(grid * grid, -1)
 
 

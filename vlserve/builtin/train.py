@@ -119,6 +119,7 @@ class TrainArgs:
     eval_every: int = 500
     vision_warmup: int = 800  # aux-only steps on vision tower + projector before the decoder joins
     patch: int = 16
+    image_size: int = IMAGE_SIZE  # side of the processor's crop; (image_size // patch)² tokens an image
     text_layers: int = 4
     init: str | None = None  # an earlier checkpoint to start from
     cpu_minutes: float | None = None  # stop (and save) once the process has used this much CPU time
@@ -130,10 +131,11 @@ class TrainArgs:
 # ---------------------------------------------------------------- model and processor
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, patch: int = 16, text_layers: int = 4) -> LlavaForConditionalGeneration:
+def build_model(tokenizer: PreTrainedTokenizerFast, patch: int = 16, text_layers: int = 4,
+                image_size: int = IMAGE_SIZE) -> LlavaForConditionalGeneration:
     vision = CLIPVisionConfig(
         hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-        image_size=IMAGE_SIZE, patch_size=patch, projection_dim=128,
+        image_size=image_size, patch_size=patch, projection_dim=128,
     )
     text = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=192, intermediate_size=512, num_hidden_layers=text_layers,
@@ -145,15 +147,15 @@ def build_model(tokenizer: PreTrainedTokenizerFast, patch: int = 16, text_layers
         vision_config=vision, text_config=text,
         image_token_id=tokenizer.convert_tokens_to_ids(IMAGE),
         projector_hidden_act="gelu", vision_feature_select_strategy="default",
-        vision_feature_layer=-1, image_seq_length=(IMAGE_SIZE // patch) ** 2, tie_word_embeddings=False,
+        vision_feature_layer=-1, image_seq_length=(image_size // patch) ** 2, tie_word_embeddings=False,
     )
     config.bos_token_id, config.eos_token_id, config.pad_token_id = (
         tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
     return LlavaForConditionalGeneration(config)
 
 
-def build_image_processor() -> CLIPImageProcessorPil:
-    return CLIPImageProcessorPil(**clip_image_processor_kwargs(IMAGE_SIZE))
+def build_image_processor(image_size: int = IMAGE_SIZE) -> CLIPImageProcessorPil:
+    return CLIPImageProcessorPil(**clip_image_processor_kwargs(image_size))
 
 
 def save_checkpoint(model, tokenizer, image_processor, out: Path, logs: list[Path] = ()) -> None:
@@ -242,7 +244,6 @@ class Batch:
 def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
     """Per frame and patch: (shape id, colour id, row, col, shape id of the object whose visible
     centre is in the patch); ids 0 = background / none."""
-    block = scenes.CANVAS // grid
     rows, cols = np.divmod(np.arange(grid * grid), grid)
     out = []
     for mask, objects in zip(scene.masks, scene.objects):
@@ -250,7 +251,7 @@ def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
         counts = np.stack([(blocks == k).sum(1) for k in range(len(objects) + 1)], axis=1)
         counts[:, 0] = 0
         owner = counts.argmax(1)
-        owner[counts.max(1) < block * block // 16] = 0
+        owner[counts.max(1) < blocks.shape[1] // 16] = 0
         shape_id = np.array([0] + [scenes.SHAPES.index(o.shape) + 1 for o in objects])[owner]
         colour_id = np.array([0] + [list(scenes.COLOURS).index(o.colour) + 1 for o in objects])[owner]
         centre = np.zeros(grid * grid, dtype=np.int64)
@@ -531,13 +532,13 @@ def train(args: TrainArgs) -> None:
     # A warm start keeps its checkpoint's tokenizer (every row carries over as it was trained); new
     # phrasings split into the pieces it has.
     tokenizer = load_tokenizer(Path(args.init)) if args.init else train_tokenizer(seed=args.seed)
-    processor = build_image_processor()
-    model = build_model(tokenizer, args.patch, args.text_layers)
+    processor = build_image_processor(args.image_size)
+    model = build_model(tokenizer, args.patch, args.text_layers, args.image_size)
     if args.init:
         warm_start(model, tokenizer, Path(args.init))
     model.set_attn_implementation("eager")  # attention probabilities for the supervision loss
     model.train()
-    grid = IMAGE_SIZE // args.patch
+    grid = args.image_size // args.patch
     aux = AuxHead(model.config.text_config.hidden_size, grid)
     params = list(model.parameters()) + list(aux.parameters())
     decay = [p for p in params if p.dim() >= 2]
@@ -635,7 +636,8 @@ def main() -> None:
     p.add_argument("--aux-weight", type=float, default=1.0)
     p.add_argument("--attn-weight", type=float, default=1.0, help="weight of the attention supervision loss")
     p.add_argument("--eval-every", type=int, default=1000)
-    p.add_argument("--patch", type=int, default=16, help="vision patch size (64 px images)")
+    p.add_argument("--patch", type=int, default=16, help="vision patch size")
+    p.add_argument("--image-size", type=int, default=IMAGE_SIZE, help="side of the model's input picture")
     p.add_argument("--vision-warmup", type=int, default=800, help="aux-only steps before the decoder trains")
     p.add_argument("--text-layers", type=int, default=4)
     p.add_argument("--init", default=None, help="start from this checkpoint (same model shape)")
@@ -652,6 +654,7 @@ def main() -> None:
         p.error("give exactly one of --steps or --minutes")
     train(TrainArgs(out=a.out, seed=a.seed, steps=a.steps, minutes=a.minutes, threads=a.threads, lr=a.lr,
                     aux_weight=a.aux_weight, attn_weight=a.attn_weight, eval_every=a.eval_every, patch=a.patch,
+                    image_size=a.image_size,
                     vision_warmup=a.vision_warmup, text_layers=a.text_layers, init=a.init,
                     cpu_minutes=a.cpu_minutes, stop_after=a.stop_after,
                     qtype_weight=_overrides(p, a.qtype_weight, QTYPE_WEIGHT),
