@@ -8,6 +8,9 @@ A second table times decode batches whose requests share prefix slots (the workl
 six questions about each of four pictures; 24 continuations of one few-shot prompt; eight
 questions about one video) with the kernel's shared-prefix pass off and on.
 
+A third times a bf16 pool's long blocks (extends, the shared pass) through fp32 BLAS on widened
+copies against bf16 dot products (AVX512_BF16; only where the build has them).
+
     python benchmarks/cpu_attention.py --out benchmarks/results/cpu_attention.md
 """
 
@@ -19,6 +22,7 @@ import torch
 
 from vlserve.bench.report import write_report
 from vlserve.kernels import decode_attention_cpu, decode_attention_ref, extend_attention_cpu, extend_attention_ref
+from vlserve.kernels.cpu_attention import has_bf16_dot
 from vlserve.kernels.paged_batch import random_paged_batch, share_prefixes
 
 DECODE = [(1, 300), (8, 300), (32, 300), (32, 1000)]  # (batch, context)
@@ -75,7 +79,29 @@ def main():
             on = cpu_ms(lambda: b.decode(decode_attention_cpu), args.repeats, 5)
             lines.append(f"| {str(dtype)[6:]} | decode {batch} x {context}, {name} ({shared} shared) | {off:.2f} | "
                          f"{on:.2f} | {off / on:.2f}x |")
+    lines += bf16_dot_table(args.repeats)
     write_report(args.out, "\n".join(lines) + "\n")
+
+
+def bf16_dot_table(repeats: int) -> list[str]:
+    if not has_bf16_dot():
+        return ["", "bf16 dot products: not in this build (the CPU has no AVX512_BF16)."]
+    lines = ["", "A bf16 pool's long blocks: fp32 BLAS on widened copies vs bf16 dot products (`bf16_dot`).", "",
+             "| case | fp32 BLAS ms | bf16 dot ms | speed-up |", "| --- | --- | ---: | ---: |"]
+    for seq_lens, extend_lens in EXTEND:
+        b = random_paged_batch(seq_lens, extend_lens, 16, 4, 64, torch.bfloat16, 1, seed=0)
+        blas = cpu_ms(lambda: b.extend(lambda *a: extend_attention_cpu(*a, bf16_dot=False)), repeats, 2)
+        dot = cpu_ms(lambda: b.extend(extend_attention_cpu), repeats, 2)
+        lines.append(f"| extend {len(seq_lens)} x {extend_lens[0]} new of {seq_lens[0]} | {blas:.2f} | {dot:.2f} | "
+                     f"{blas / dot:.2f}x |")
+    for name, batch, members, shared, context in SHARED:
+        b = random_paged_batch([context] * batch, None, 16, 4, 64, torch.bfloat16, 1, seed=0)
+        share_prefixes(b, [(list(range(g, g + members)), shared) for g in range(0, batch, members)])
+        blas = cpu_ms(lambda: b.decode(lambda *a: decode_attention_cpu(*a, bf16_dot=False)), repeats, 5)
+        dot = cpu_ms(lambda: b.decode(decode_attention_cpu), repeats, 5)
+        lines.append(f"| decode {batch} x {context}, {name} ({shared} shared) | {blas:.2f} | {dot:.2f} | "
+                     f"{blas / dot:.2f}x |")
+    return lines
 
 
 if __name__ == "__main__":
