@@ -21,6 +21,8 @@
 
 #include <c10/util/BFloat16.h>
 
+#include "vec_cpu.h"
+
 #include <cstdint>
 #include <cstring>
 
@@ -46,14 +48,32 @@ inline void pack_row_pairs(const float* x, int64_t D, float scale, uint32_t* dst
 
 // Keys j0..j0+n-1 of one kv head, transposed to kp[pair][key] (row stride n_pad); keys n..n_pad-1 zero.
 inline void pack_keys(const c10::BFloat16* k_buffer, const int32_t* slots, int64_t j0, int64_t n, int64_t n_pad,
-                      int64_t slot_stride, int64_t head_offset, int64_t D, uint32_t* kp) {
+                      int64_t slot_stride, int64_t head_offset, int64_t D, uint32_t* kp_words) {
+  float* kp = reinterpret_cast<float*>(kp_words);  // bf16 pairs moved as 32-bit floats, never computed on
   const int64_t pairs = D / 2;
-  for (int64_t j = 0; j < n; ++j) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {  // 16 keys x 16 pairs at a time, transposed through registers
+    for (int64_t p0 = 0; p0 + 16 <= pairs; p0 += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) {
+        r[i] = _mm512_loadu_ps(k_buffer + static_cast<int64_t>(slots[j0 + j + i]) * slot_stride + head_offset + 2 * p0);
+      }
+      vlserve_vec::transpose16x16(r);  // 32-bit words: each a pair, moved as one float
+      for (int c = 0; c < 16; ++c) _mm512_storeu_ps(kp + (p0 + c) * n_pad + j, r[c]);
+    }
+    for (int64_t p = pairs / 16 * 16; p < pairs; ++p) {  // D % 32 == 16: the last 8 pairs one by one
+      for (int i = 0; i < 16; ++i) {
+        std::memcpy(kp_words + p * n_pad + j + i,
+                    k_buffer + static_cast<int64_t>(slots[j0 + j + i]) * slot_stride + head_offset + 2 * p, 4);
+      }
+    }
+  }
+  for (; j < n; ++j) {
     uint32_t row[kMaxHeadDim / 2];
     std::memcpy(row, k_buffer + static_cast<int64_t>(slots[j0 + j]) * slot_stride + head_offset, D * 2);
-    for (int64_t p = 0; p < pairs; ++p) kp[p * n_pad + j] = row[p];
+    for (int64_t p = 0; p < pairs; ++p) kp_words[p * n_pad + j] = row[p];
   }
-  for (int64_t p = 0; p < pairs; ++p) std::memset(kp + p * n_pad + n, 0, (n_pad - n) * sizeof(uint32_t));
+  for (int64_t p = 0; p < pairs; ++p) std::memset(kp_words + p * n_pad + n, 0, (n_pad - n) * sizeof(uint32_t));
 }
 
 // Values j0..j0+n-1 of one kv head as key pairs: vp[t][d] = (V[2t][d], V[2t+1][d]); a missing

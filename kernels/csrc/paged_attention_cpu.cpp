@@ -198,15 +198,34 @@ void load_tile(const Problem& pb, const T* k_buffer, const T* v_buffer, const in
     }
     const int64_t base = static_cast<int64_t>(slots[j0 + j]) * pb.slot_stride + kv_head * D;
     for (int64_t d = 0; d < D; d += kLanes) storeu(vr + d, load16(v_buffer + base + d));
-    if (transpose_k) {
+    if (!transpose_k) {
+      for (int64_t d = 0; d < D; d += kLanes) storeu(kr + d, load16(k_buffer + base + d));
+    }
+#if !defined(__AVX512F__)
+    else {
       for (int64_t d = 0; d < D; d += kLanes) {
         const vf kv = load16(k_buffer + base + d);
         for (int i = 0; i < kLanes; ++i) sc.k[(d + i) * kKeyTile + j] = kv[i];
       }
-    } else {
-      for (int64_t d = 0; d < D; d += kLanes) storeu(kr + d, load16(k_buffer + base + d));
+    }
+#endif
+  }
+#if defined(__AVX512F__)
+  if (transpose_k) {  // 16 x 16 blocks through registers: 64 shuffles instead of 256 scattered stores
+    for (int g = 0; g < kKeyTile; g += 16) {
+      for (int64_t d0 = 0; d0 < D; d0 += 16) {
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i) {
+          const int64_t j = g + i;
+          r[i] = j < n ? (__m512)load16(k_buffer + static_cast<int64_t>(slots[j0 + j]) * pb.slot_stride + kv_head * D + d0)
+                       : _mm512_setzero_ps();
+        }
+        transpose16x16(r);
+        for (int c = 0; c < 16; ++c) _mm512_storeu_ps(sc.k.data() + (d0 + c) * kKeyTile + g, r[c]);
+      }
     }
   }
+#endif
 }
 
 // Scores of NR rows against the tile, into s[r][0..kKeyTile).

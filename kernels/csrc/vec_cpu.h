@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace vlserve_vec {
 
 #if defined(__AVX512F__)
@@ -62,5 +66,34 @@ inline float hsum(vf v) {
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
+
+#if defined(__AVX512F__)
+// r[i][j] -> r[j][i] for a 16 x 16 block of floats: 32-bit, then 64-bit unpacks within 128-bit
+// lanes (u[4m + c] lane L: rows 4m..4m+3 of column 4L + c), then two 128-bit lane shuffles gather
+// column 4L + c's four row groups.
+inline void transpose16x16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512d a = _mm512_castps_pd(t[4 * m]), b = _mm512_castps_pd(t[4 * m + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * m + 2]), d = _mm512_castps_pd(t[4 * m + 3]);
+    u[4 * m] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[4 * m + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[4 * m + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    u[4 * m + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 lo01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), lo23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512 hi01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE), hi23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);
+    r[4 + c] = _mm512_shuffle_f32x4(lo01, lo23, 0xDD);
+    r[8 + c] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);
+    r[12 + c] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);
+  }
+}
+#endif
 
 }  // namespace vlserve_vec
