@@ -14,24 +14,29 @@ from PIL import ImageOps
 
 import builtin_independent_set as independent
 from vlserve.builtin import scenes
-from vlserve.builtin.evaluate import evaluate, prompt_for
+from vlserve.builtin.evaluate import evaluate, prompt_for, with_shots
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
 assert (BUILTIN_MODEL_DIR / "config.json").exists(), "the built-in checkpoint is missing from vlserve/builtin_model"
 
-# Set a little under what the committed checkpoint measured on these samples (20 per type: image
-# 95%, colour 100%, shape 100%, count 80%, position 100%, yes/no 100%, captions 90%; video and
-# "cannot tell" 100%). Twenty questions is a small sample (README's held-out set, 150 questions per
-# kind: count 88%, captions 84%, images 94.0%), so the count and caption floors leave room for a few
-# answers that move with the CPU's rounding (an AVX2 machine takes other GEMM paths).
-OVERALL_FLOOR = {"image": 0.85, "video": 0.95, "outside": 0.95}
+# Set a little under what the committed checkpoint (run 7) measured on these samples (20 per type:
+# image 96.7%, colour, shape, position and yes/no 100%, count 85%, captions 95%; video and "cannot
+# tell" 100%; blank images 0%). Twenty questions is a small sample (README's held-out set, 500
+# questions per type: count 90.8%, captions 92.4%, images 95.9%), so the count and caption floors
+# leave room for a few answers that move with the CPU's rounding (an AVX2 machine takes other GEMM
+# paths).
+OVERALL_FLOOR = {"image": 0.90, "video": 0.95, "outside": 0.95}
 PER_TYPE_FLOOR = {q: 0.85 for q in scenes.IMAGE_QTYPES + scenes.VIDEO_QTYPES} | {
-    "count": 0.65, "position": 0.80, "caption": 0.75}
+    "count": 0.75, "caption": 0.80}
 PER_KIND = 20  # questions per question type (outside: 3 x PER_KIND pictures)
 QTYPES = {"image": scenes.IMAGE_QTYPES, "video": scenes.VIDEO_QTYPES, "outside": (scenes.OUTSIDE_QTYPE,)}
 MIRROR_SENSITIVE = {"image": "position", "video": "direction"}
 BLANK_MARGIN = 0.50
-INDEPENDENT_FLOOR = 0.90  # issue 21's bar; measured 97.1%: 98.9% on the drawn pictures, 6/8 on the photograph (README)
+# A question behind two worked examples about other pictures (examples/few_shot_qa.py's prompt):
+# run 7 answers 83% of these 60 (88.0% of README's 600); run 6, never shown two pictures in one
+# prompt, answered 42.5% of README's, mostly about the first shot's picture.
+FEW_SHOT_FLOOR = 0.65
+INDEPENDENT_FLOOR = 0.90  # issue 21's bar; measured 98.1%: 100% on the drawn pictures, 6/8 on the photograph (README)
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +94,13 @@ def test_mirrored_images_fail_the_left_right_floor(engine, kind):
     assert mirrored < PER_TYPE_FLOOR[qtype] - 0.2, f"{kind} {qtype} with mirrored images: {mirrored:.1%}"
 
 
+def test_a_few_shot_prompt_is_answered_about_its_last_picture(engine):
+    data = with_shots(scenes.samples(60, seed=2468, kind="image"), shots=2, seed=1357)
+    report = evaluate(_generate(engine), data, engine.tokenizer)
+    accuracy = report.overall(list(report.total))
+    assert accuracy >= FEW_SHOT_FLOOR, f"{accuracy:.1%} behind two worked examples"
+
+
 def test_independent_test_set(engine):
     """Pictures drawn by another program, phrased another way, scored by keywords."""
     items = independent.build()
@@ -104,3 +116,21 @@ def test_prompt_uses_the_checkpoint_chat_template_and_answers_have_no_leading_sp
     data = _data("image")[:12]
     answers = _generate(engine)([prompt_for(s.question, 1, engine.tokenizer) for s in data], [s.images for s in data])
     assert all(a and a == a.strip() for a in answers), answers
+
+
+def test_error_breakdown_measures_each_scene_from_its_masks():
+    """The breakdown that chose 96 px: shape counts, sizes and overlap come from the scene itself."""
+    from vlserve.builtin import error_breakdown
+
+    cases = error_breakdown.draw_cases(60, seed=5)
+    assert {c.qa.qtype for c in cases} == {"count", "caption"}
+    for c in cases:
+        assert c.shapes == len(c.scene.objects[0])
+        assert c.smallest == min(s.size for s in c.scene.objects[0])
+        assert 0 < c.least_visible <= 1
+    assert all(c.least_visible == 1.0 for c in cases if c.shapes == 1)  # nothing can cover a lone shape
+    overlapping = [c for c in cases if "overlapping" in error_breakdown.groups(c)]
+    assert 0 < len(overlapping) < len(cases)
+    covered = overlapping[0]
+    assert any((covered.scene.masks[0] == k + 1).sum() < scenes.shape_mask(s).sum()
+               for k, s in enumerate(covered.scene.objects[0]))

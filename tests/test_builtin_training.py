@@ -14,10 +14,12 @@ from vlserve.builtin import scenes
 from vlserve.builtin.attention_targets import (
     KEYWORD_LAYER, RETRIEVAL_HEADS, RETRIEVAL_LAYER, AttentionBatch, object_patches, retrieval_patches,
 )
-from vlserve.builtin.train import BatchMaker, build_image_processor, build_model, patch_targets, warm_start
+from vlserve.builtin.train import (
+    IMAGE_SIZE, BatchMaker, build_image_processor, build_model, patch_targets, warm_start,
+)
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
-GRID = 4
+GRID = IMAGE_SIZE // 16  # the default model's patch grid (16-px patches)
 
 
 @pytest.fixture(scope="module")

@@ -137,10 +137,12 @@ def test_select_picks_the_right_colour(served):
         s += sgl.user(sgl.image(picture) + question)
         s += sgl.assistant(sgl.select("colour", choices=[" Red", " Green", " Blue", " Yellow", " Purple", " Orange"]))
 
-    cases = [(p, qa) for p, qas in map(scene_png, range(1, 9)) for qa in qas if qa.qtype == "colour"]
+    # About 25 questions, so the 90% floor leaves the model (99% on colours, README) a miss or two; a
+    # select that scored the choices wrong would pick right about one time in six.
+    cases = [(p, qa) for p, qas in map(scene_png, range(1, 25)) for qa in qas if qa.qtype == "colour"]
     states = pick.run_batch([{"picture": p, "question": qa.question} for p, qa in cases],
                             backend=sgl.RuntimeEndpoint(served[1].url))
-    assert len(cases) >= 8
+    assert len(cases) >= 20
     said = [s["colour"] for s in states]
     truth = [" " + qa.answer.rstrip(".") for _, qa in cases]  # answers are "Red."; the choices leave the stop out
     assert sum(a == b for a, b in zip(said, truth)) >= 0.9 * len(cases), (said, truth)

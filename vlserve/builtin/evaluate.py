@@ -4,6 +4,7 @@
     python -m vlserve.builtin.evaluate --backend vlserve            # through vlserve's Engine
     python -m vlserve.builtin.evaluate --blank                      # every image replaced by a blank one
     python -m vlserve.builtin.evaluate --kind outside               # pictures with no known shape
+    python -m vlserve.builtin.evaluate --kind image --shots 2       # two worked examples before each question
 
 A backend is any `generate_fn(prompts, images) -> answers`: `prompts[i]` is the chat-templated text
 with one `<image>` per image (a video is its frames, one `<image>` each) and `images[i]` the PIL images
@@ -16,6 +17,7 @@ there ("two red circles" counts two), and names no shape that is not there.
 from __future__ import annotations
 
 import argparse
+import random
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -92,12 +94,39 @@ def prompt_for(question: str, n_images: int, tokenizer) -> str:
                                         add_generation_prompt=True)
 
 
+def with_shots(samples: list[scenes.Sample], shots: int, seed: int) -> list[scenes.Sample]:
+    """Each sample behind `shots` worked examples (another image scene, one of its questions and its
+    reference answer, a turn each), as examples/few_shot_qa.py asks: the answer must come from the
+    question's own picture, the last one. The shots' pictures come first in `Sample.images`."""
+    rng = random.Random(seed)
+    out = []
+    for s in samples:
+        drawn = [scenes.image_scene(rng) for _ in range(shots)]
+        worked = [(d.frames, rng.choice(d.qas)) for d in drawn]
+        out.append(scenes.Sample([im for frames, _ in worked for im in frames] + s.images, s.question, s.answer,
+                                 s.qtype, [(len(frames), qa.question, qa.answer) for frames, qa in worked]))
+    return out
+
+
+def prompt_for_sample(s: scenes.Sample, tokenizer) -> str:
+    """The chat-templated prompt: the sample's worked examples (if any), then its question."""
+    if not s.shots:
+        return prompt_for(s.question, len(s.images), tokenizer)
+    messages = []
+    for n_images, question, answer in s.shots:
+        messages += [{"role": "user", "content": [{"type": "image"}] * n_images + [{"type": "text", "text": question}]},
+                     {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+    own = len(s.images) - sum(n for n, _, _ in s.shots)
+    messages.append({"role": "user", "content": [{"type": "image"}] * own + [{"type": "text", "text": s.question}]})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 def blank_like(images: list[Image.Image]) -> list[Image.Image]:
     return [Image.new("RGB", im.size, (128, 128, 128)) for im in images]
 
 
 def evaluate(generate_fn: GenerateFn, samples: list[scenes.Sample], tokenizer, blank: bool = False) -> Report:
-    prompts = [prompt_for(s.question, len(s.images), tokenizer) for s in samples]
+    prompts = [prompt_for_sample(s, tokenizer) for s in samples]
     images = [blank_like(s.images) if blank else s.images for s in samples]
     answers = generate_fn(prompts, images)
     correct, total = Counter(), Counter()
@@ -149,8 +178,11 @@ def vlserve_backend(model_dir: str | Path) -> tuple[GenerateFn, object]:
     engine = Engine(model=str(model_dir))
 
     def generate(prompts: list[str], images: list[list[Image.Image]]) -> list[str]:
-        outs = engine.generate(prompt=prompts, image_data=images,
-                               sampling_params={"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0})
+        # In slices no longer than the engine's waiting queue, which refuses a longer batch (EngineBusy).
+        step = engine.args.max_waiting_requests
+        outs = [o for i in range(0, len(prompts), step)
+                for o in engine.generate(prompt=prompts[i:i + step], image_data=images[i:i + step],
+                                         sampling_params={"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0})]
         return [o["text"] if isinstance(o, dict) else str(o) for o in outs]
 
     return generate, AutoTokenizer.from_pretrained(model_dir)
@@ -167,6 +199,8 @@ def main() -> None:
     p.add_argument("--kind", choices=("image", "video", "outside", "all"), default="all")
     p.add_argument("--backend", choices=tuple(BACKENDS), default="transformers")
     p.add_argument("--blank", action="store_true", help="replace every image by a blank one")
+    p.add_argument("--shots", type=int, default=0,
+                   help="worked examples (another picture, a question, its answer) before each question")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     a = p.parse_args()
     import torch
@@ -175,8 +209,11 @@ def main() -> None:
     generate_fn, tokenizer = BACKENDS[a.backend](a.model)
     kinds = ("image", "video", "outside") if a.kind == "all" else (a.kind,)
     data = [s for i, k in enumerate(kinds) for s in scenes.samples(a.n, a.seed + i, k)]
+    if a.shots:
+        data = with_shots(data, a.shots, a.seed + 100)
     report = evaluate(generate_fn, data, tokenizer, blank=a.blank)
-    print(f"model {a.model}  backend {a.backend}  seed {a.seed}  n {a.n}/kind{'  BLANK images' if a.blank else ''}")
+    print(f"model {a.model}  backend {a.backend}  seed {a.seed}  n {a.n}/kind"
+          f"{f'  {a.shots} shots' if a.shots else ''}{'  BLANK images' if a.blank else ''}")
     print(report.table())
 
 

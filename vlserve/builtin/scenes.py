@@ -18,7 +18,7 @@ training uses for its per-patch targets; serving never sees it.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -51,7 +51,7 @@ VIDEO_QTYPES = ("direction", "first_colour", "last_colour", "appears", "event")
 OUTSIDE_QTYPE = "outside"
 CANNOT_TELL = "I can only see circles, squares and triangles."
 
-CANVAS = 128  # side of the label masks: the model's view (the processor's crop) at twice its 64 px
+CANVAS = 128  # side of the label masks: the model's view (the processor's crop), resampled to the patch grid
 NUMBER_WORDS = {0: "none", 1: "one", 2: "two", 3: "three", 4: "four"}
 MIN_VISIBLE = 0.7  # a shape partly covered by a later one keeps at least this share of its area
 
@@ -90,12 +90,14 @@ class Scene:
 
 @dataclass
 class Sample:
-    """One question about one image or video; `images` holds 1 image or the 4-8 frames of a video."""
+    """One question about one image or video; `images` holds 1 image or the 4-8 frames of a video
+    (behind the pictures of any worked examples in `shots`: (images, question, answer) a turn)."""
 
     images: list[Image.Image]
     question: str
     answer: str
     qtype: str
+    shots: list[tuple[int, str, str]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- drawing
