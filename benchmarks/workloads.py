@@ -39,6 +39,7 @@ from vlserve.bench.client import EngineClient, Job
 from vlserve.bench.llava_bench import percentiles
 from vlserve.bench.models import BENCH_SPEC, SMALL_SPEC, bench_model, num_parameters
 from vlserve.bench.peers import PeerRun, run_transformers, run_vllm
+from vlserve.bench.own_thread import on_own_thread
 from vlserve.bench.roofline import gemm_peak
 
 SYSTEMS = ("vlserve-lpm", "vlserve-fcfs", "vlserve-nocache", "transformers", "vllm")
@@ -132,8 +133,8 @@ def _run_system(system: str, model_dir: str, reqs: list[Job], threads: int, vllm
                 dtype: str) -> tuple[PeerRun, float | None]:
     if system in VLSERVE_CONFIGS:
         return run_vlserve(system, model_dir, reqs, threads, dtype)
-    if system == "transformers":
-        return run_transformers(model_dir, reqs, VIDEO_FRAMES, threads, dtype=dtype), None
+    if system == "transformers":  # on a thread that ends with it (vlserve/bench/own_thread.py)
+        return on_own_thread(lambda: run_transformers(model_dir, reqs, VIDEO_FRAMES, threads, dtype=dtype)), None
     if system == "vllm":
         return run_vllm(model_dir, reqs, VIDEO_FRAMES, threads, vllm_venv, dtype=dtype), None
     raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")

@@ -24,7 +24,7 @@ from .reference import decode_attention_ref, extend_attention_ref
 from .validate import check_decode_args, check_extend_args
 
 _SOURCES = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", name)
-            for name in ("paged_attention_cpu.cpp", "small_gemm_cpu.cpp", "fused_cpu.cpp")]
+            for name in ("paged_attention_cpu.cpp", "small_gemm_cpu.cpp", "fused_cpu.cpp", "decode_gemm_cpu.cpp")]
 _HEADERS = [os.path.join(os.path.dirname(_SOURCES[0]), name)
             for name in ("vec_cpu.h", "bf16_dot_cpu.h")]  # shared vector types and loads; bf16 dot products
 _lock = threading.Lock()

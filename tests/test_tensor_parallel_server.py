@@ -30,9 +30,12 @@ def _serve_tp2() -> tuple[subprocess.Popen, str]:
 
 
 def _worker_pids(pid: int) -> list[int]:
-    """The server's spawned worker ranks (its children running multiprocessing's spawn_main)."""
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        children = [int(c) for c in f.read().split()]
+    """The server's spawned worker ranks (its children running multiprocessing's spawn_main). /proc
+    lists children per thread: the engine's compute thread starts the ranks (compute_thread.py)."""
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            children += [int(c) for c in f.read().split()]
     found = []
     for child in children:
         try:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlserve.bench.client import Job
+from vlserve.bench.own_thread import on_own_thread
 from vlserve.model.cpu_gemm import CpuLinear
 
 PEAK_ROWS = 2048
@@ -82,7 +83,12 @@ def required_flops(engine, jobs: list[Job]) -> dict[str, float]:
 
 def gemm_peak(rows: int = PEAK_ROWS, seconds: float = 1.0, dtype: torch.dtype = torch.float32) -> tuple[float, str]:
     """GFLOP/s of the fastest path on a [rows, 1024] x [1024, 2816] product in `dtype` (a bf16 run's
-    roofline is bf16's peak: on AVX512_BF16 about twice fp32's)."""
+    roofline is bf16's peak: on AVX512_BF16 about twice fp32's). Measured on a thread of its own
+    (own_thread.py), which leaves no OpenMP workers behind to share the cores with the engine's."""
+    return on_own_thread(lambda: _gemm_peak(rows, seconds, dtype), "gemm-peak")
+
+
+def _gemm_peak(rows: int, seconds: float, dtype: torch.dtype) -> tuple[float, str]:
     torch.manual_seed(0)
     dense = nn.Linear(1024, 2816, bias=False).to(dtype)
     fast = CpuLinear(1024, 2816, bias=False).to(dtype)

@@ -19,6 +19,7 @@ from vlserve.constrained import ConstraintCompiler
 from vlserve.core.config import EngineArgs, MemoryConfig, SchedulerConfig, pick
 from vlserve.core.errors import EngineBusy
 from vlserve.core.request import Req, StepOutput
+from vlserve.engine.compute_thread import ComputeThread
 from vlserve.engine.loop import EngineLoop, step
 from vlserve.engine.output import OutputAssembler
 from vlserve.engine.request_builder import RequestBuilder
@@ -53,6 +54,16 @@ class Engine:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if device == "cpu":
             keep_freed_memory()  # before the engine's threads first allocate (model/cpu_allocator.py)
+        # Everything below runs on the thread that will run the model (compute_thread.py): the
+        # loading, the pool, and then the loop.
+        self._compute = ComputeThread("vlserve-engine")
+        try:
+            self._compute.run(lambda: self._build(args, threads, device))
+        except BaseException:
+            self._compute.hand_over(lambda: None)  # ends the thread
+            raise
+
+    def _build(self, args: EngineArgs, threads: int, device: str) -> None:
         self.loaded = load_model(args.model or builtin_model_path(), dtype=args.dtype, device=device)
         text = self.loaded.config.text
         if args.tp_size > 1:
@@ -93,10 +104,11 @@ class Engine:
         self.draining = False  # set by drain(): no new request is accepted
         self.stats_log = StatsLog(self.metrics, self.pool_state,
                                   lambda: (len(self.scheduler.running), len(self.scheduler.waiting)), args.log_stats_interval)
-        self.loop = EngineLoop(self.scheduler, self.runner, after_step=self.stats_log.maybe_log)
-        self.loop.start()
+        self.loop = EngineLoop(self.scheduler, self.runner, after_step=self.stats_log.maybe_log, thread=self._compute)
         if self.tp_group is not None:
             self.tp_group.watch(self._tensor_parallel_failed)
+        # The loop's start is this thread's last job: it hands the thread over once _build returns.
+        self.loop.start()
 
     def _make_memory(self, device: str) -> KVMemory:
         cfg, text = self.loaded.config, self.loaded.config.text

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from vlserve.core.request import Req
+from vlserve.engine.compute_thread import ComputeThread
 from vlserve.runner.model_runner import ModelRunner
 from vlserve.scheduler.scheduler import Scheduler
 
@@ -31,16 +32,21 @@ def step(scheduler: Scheduler, runner: ModelRunner) -> None:
 
 
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, after_step: Callable[[], object] | None = None):
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, after_step: Callable[[], object] | None = None,
+                 thread: ComputeThread | None = None):
+        """`thread`: the engine's compute thread, which built the model (compute_thread.py); the loop
+        runs on it from start() on. Without one the loop gets a thread of its own."""
         self.scheduler, self.runner, self.after_step = scheduler, runner, after_step
         self._inbox: queue.Queue[list[Req]] = queue.Queue()
         self._calls: queue.SimpleQueue[tuple[Callable, Future]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self.heartbeat = time.monotonic()  # written every iteration; read by /health
-        self._thread = threading.Thread(target=self._run, name="vlserve-engine", daemon=True)
+        self._thread = thread or ComputeThread("vlserve-engine")
+        self._started = False
 
     def start(self) -> None:
-        self._thread.start()
+        self._started = True
+        self._thread.hand_over(self._run)
 
     def submit(self, reqs: list[Req]) -> None:
         """Thread-safe: the requests join the waiting queue together (so the policy orders them together)."""
@@ -57,15 +63,18 @@ class EngineLoop:
         return self.scheduler.idle and self._inbox.empty()
 
     def is_alive(self, max_stall_s: float) -> bool:
-        return (self._thread.is_alive() and not self._stop.is_set()
+        return (self.running and not self._stop.is_set()
                 and time.monotonic() - self.heartbeat < max_stall_s)
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        return self._started and self._thread.is_alive()
 
     def stop(self) -> None:
         self._stop.set()
+        if not self._started:  # the thread still waits for its last job
+            self._started = True
+            self._thread.hand_over(lambda: None)
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 

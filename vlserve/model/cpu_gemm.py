@@ -21,6 +21,9 @@ and at every row count in bf16 (1.4-1.7x F.linear at 8-64 rows). There each laye
 on first use and keeps the packed copy beside the plain one (the plain weight stays the parameter:
 state dicts, tied embeddings and the small-row kernel read it); the copy is rebuilt if the weight
 is replaced or changed in place.
+Decode rows there (DECODE_GEMM_ROWS: 8-64) go to our own kernel instead (kernels/decode_gemm.py:
+FMA for fp32, vdpbf16ps for bf16, on a second packed copy of the weight): oneDNN's inner product ran
+those rows at 60-70% of its prefill rate, ours at 80-90% (1.1-1.4x; "Tenth pass" in RESULTS.md).
 use_cpu_gemm packs every layer at load, so no request pays for it, unless the copies would take more
 than PACK_MEMORY_SHARE of the memory left: then nothing is packed, and a warning says so.
 
@@ -40,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlserve.kernels import small_gemm
+from vlserve.kernels import decode_gemm, small_gemm
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,9 @@ UPCAST_MIN_ROWS = 16  # bf16 without native kernels: from here the fp32 GEMM on 
 PACKED_MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}  # AVX-512: below 4 fp32 rows our kernel still wins
 PACK_MEMORY_SHARE = 0.25  # packed copies may take at most this share of the memory left at load
 PACK_HINT_ROWS = 32  # the batch size oneDNN picks the blocked layout for (1-2048 measured level from 4 rows)
+# AVX-512: rows in this range go to our kernel on its own packed copy (kernels/decode_gemm.py), the
+# decode batches where oneDNN ran at 60-70% of its prefill rate; outside it oneDNN's packed path.
+DECODE_GEMM_ROWS = range(8, 65)
 
 
 @functools.cache
@@ -61,6 +67,12 @@ def native_bf16() -> bool:
 @functools.cache
 def native_fp16() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_fp16_supported()
+
+
+def decode_weights_pay(dtype: torch.dtype) -> bool:
+    """Whether decode rows of `dtype` take kernels/decode_gemm.py: where oneDNN's packed path is the one
+    it replaces (AVX-512; bf16 with native kernels) and it runs `dtype` here."""
+    return packed_weights_pay(dtype) and decode_gemm.decode_gemm_op(dtype) is not None
 
 
 @functools.cache
@@ -84,8 +96,10 @@ class CpuLinear(nn.Linear):
         if not x.is_cpu or x.dim() == 0:
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if (rows >= PACKED_MIN_ROWS.get(x.dtype, 1 << 62) and self.weight.dtype == x.dtype
-                and self.__dict__.get("pack", True) and packed_weights_pay(x.dtype)):
+        packs = self.__dict__.get("pack", True) and self.weight.dtype == x.dtype
+        if packs and rows in DECODE_GEMM_ROWS and decode_weights_pay(x.dtype):
+            return decode_gemm.linear(x, self.decode_weight(), self.out_features, self.bias)
+        if packs and rows >= PACKED_MIN_ROWS.get(x.dtype, 1 << 62) and packed_weights_pay(x.dtype):
             return _onednn(x, self.packed_weight(), self.bias)
         if 0 < rows < SMALL_ROWS and x.dtype in (torch.float32, torch.bfloat16) and self.weight.dtype == x.dtype:
             op = small_gemm.small_linear_op()
@@ -102,12 +116,19 @@ class CpuLinear(nn.Linear):
     def packed_weight(self) -> torch.Tensor:
         """The weight in oneDNN's blocked layout (an opaque MkldnnCPU tensor), packed on first use and
         again whenever the parameter is replaced or changed in place."""
+        return self._copy("_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT_ROWS))
+
+    def decode_weight(self) -> torch.Tensor:
+        """The weight packed for kernels/decode_gemm.py; kept and rebuilt like packed_weight."""
+        return self._copy("_decode_packed", decode_gemm.pack)
+
+    def _copy(self, slot: str, make) -> torch.Tensor:
         key = (id(self.weight), self.weight._version, self.weight.data_ptr())
-        cached = self.__dict__.get("_packed")
+        cached = self.__dict__.get(slot)
         if cached is None or cached[0] != key:
             with torch.no_grad():
-                cached = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_HINT_ROWS))
-            self.__dict__["_packed"] = cached
+                cached = (key, make(self.weight.detach()))
+            self.__dict__[slot] = cached
         return cached[1]
 
 
@@ -129,7 +150,8 @@ def pack_weights(layers: list[CpuLinear], free_bytes: int | None = None) -> int:
     """Packs the layers' weights now, where packing pays and the copies fit (see the module's
     docstring); returns the bytes packed. Layers left unpacked run on their plain weight."""
     payable = [m for m in layers if packed_weights_pay(m.weight.dtype)]
-    extra = sum(m.weight.numel() * m.weight.element_size() for m in payable)
+    decode = [m for m in payable if decode_weights_pay(m.weight.dtype)]
+    extra = sum(m.weight.numel() * m.weight.element_size() for m in payable + decode)
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if free_bytes is None else free_bytes
     if extra > PACK_MEMORY_SHARE * free:
         log.warning("CPU GEMM: not packing %.1f GB of weights for oneDNN (%.1f GB of memory free); the linear "
@@ -140,4 +162,6 @@ def pack_weights(layers: list[CpuLinear], free_bytes: int | None = None) -> int:
     for m in payable:
         m.pack = True
         m.packed_weight()
+    for m in decode:
+        m.decode_weight()
     return extra

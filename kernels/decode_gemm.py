@@ -1,0 +1,39 @@
+"""The decode-rows GEMM on AVX-512 CPUs (csrc/decode_gemm_cpu.cpp): y = x · wᵀ (+ bias) in x's dtype,
+fp32 (FMA) or bf16 (vdpbf16ps, where the CPU has AVX512_BF16), on a weight packed once for it. From
+8 to 64 rows it measured 1.1-1.4x oneDNN's inner product on oneDNN's own packed weight (one Zen 5
+core, each of the benchmark model's eight layers' weights from memory, as in a decode step); at
+prefill sizes oneDNN is level or ahead, so vlserve.model.cpu_gemm sends only these rows here.
+
+Built with the CPU attention kernel (cpu_attention.py); `decode_gemm_op(dtype)` is None where that
+extension cannot be built or the CPU (the build is -march=native) lacks the instructions.
+"""
+
+import functools
+
+import torch
+
+from .cpu_attention import cpu_attention_error, cpu_attention_op
+
+
+@functools.cache
+def decode_gemm_op(dtype: torch.dtype):
+    """torch.ops.vlserve_decode_gemm where the kernel runs `dtype` here, else None."""
+    if cpu_attention_op() is None or not torch.ops.vlserve_decode_gemm.supports(dtype):
+        return None
+    return torch.ops.vlserve_decode_gemm
+
+
+def _ops():
+    """The ops, built and loaded on first use (the extension is the CPU attention kernel's)."""
+    if cpu_attention_op() is None:
+        raise RuntimeError(f"the CPU kernels could not be built here: {cpu_attention_error()}")
+    return torch.ops.vlserve_decode_gemm
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] fp32 or bf16 -> the kernel's packed copy ([ceil(N/16), K or ceil(K/2), 16] int32 words)."""
+    return _ops().pack_weight(weight)
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+    return _ops().linear(x, packed, out_features, bias)

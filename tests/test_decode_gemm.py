@@ -1,0 +1,121 @@
+"""The decode-rows GEMM (kernels/csrc/decode_gemm_cpu.cpp), fp32 and bf16, against fp32 products of
+the same operands, on every remainder its blocking has (rows past a 6-row block and a 96-row panel,
+columns past a 16-column block and a 4-block group, K past a 128-step chunk), and CpuLinear's use
+of it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlserve.kernels import decode_gemm
+from vlserve.model import cpu_gemm
+from vlserve.model.cpu_gemm import DECODE_GEMM_ROWS, CpuLinear, use_cpu_gemm
+
+from test_cpu_attention import cpu_has_avx512_bf16
+
+
+def cpu_has_avx512f() -> bool:
+    with open("/proc/cpuinfo") as f:
+        return any(line.startswith("flags") and " avx512f" in line for line in f)
+
+
+CPU_HAS = {torch.float32: cpu_has_avx512f(), torch.bfloat16: cpu_has_avx512_bf16()}
+DTYPES = [pytest.param(d, marks=pytest.mark.skipif(not CPU_HAS[d], reason=f"the CPU lacks the instructions for {d}"))
+          for d in CPU_HAS]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7}  # bf16: one rounding step of the output
+
+
+@pytest.mark.parametrize("dtype", list(CPU_HAS))
+def test_kernel_is_built_where_the_cpu_has_the_instructions(dtype):
+    # Built with -march=native: on such a CPU it must be there, or every decode row silently takes
+    # oneDNN and the tests below test nothing.
+    assert (decode_gemm.decode_gemm_op(dtype) is not None) == CPU_HAS[dtype]
+
+
+def _exact(x, w, bias):
+    """fp32 products of the operands (exact for bf16), the bias in fp32, one rounding to x's dtype:
+    what the kernel computes, up to the order of its sums."""
+    out = x.float() @ w.float().T
+    return (out + bias.float() if bias is not None else out).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 16, 2), (5, 17, 30), (6, 64, 64), (7, 65, 258), (24, 1536, 1024),
+                                   (31, 100, 2816), (97, 200, 512), (200, 48, 96)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_the_exact_product(dtype, m, n, k, bias, threads):
+    torch.manual_seed(m * 1000 + n + k)
+    w = torch.randn(n, k).to(dtype)
+    x = torch.randn(m, k).to(dtype)
+    b = torch.randn(n).to(dtype) if bias else None
+    out = decode_gemm.linear(x, decode_gemm.pack(w), n, b)
+    exact = _exact(x, w, b)
+    assert out.dtype == dtype and out.shape == (m, n)
+    scale = exact.float().abs().amax(dim=1, keepdim=True) + 1e-6  # relative to the row's size
+    assert ((out.float() - exact.float()).abs() / scale).max() <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_an_odd_k_in_fp32(dtype):
+    w, x = torch.randn(20, 33).to(dtype), torch.randn(9, 33).to(dtype)
+    if dtype == torch.bfloat16:  # a pair of K per step: an odd K is refused, and CpuLinear never sends one
+        with pytest.raises(RuntimeError, match="even"):
+            decode_gemm.linear(x, decode_gemm.pack(w), 20, None)
+        return
+    torch.testing.assert_close(decode_gemm.linear(x, decode_gemm.pack(w), 20, None), x @ w.T, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_leading_dims_and_a_strided_input(dtype):
+    torch.manual_seed(1)
+    w = torch.randn(40, 64).to(dtype)
+    x = torch.randn(3, 4, 128).to(dtype)[..., ::2]  # [3, 4, 64], not contiguous
+    out = decode_gemm.linear(x, decode_gemm.pack(w), 40, None)
+    assert out.shape == (3, 4, 40)
+    torch.testing.assert_close(out.float(), _exact(x.reshape(12, 64), w, None).float().reshape(3, 4, 40),
+                               atol=0.05, rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rejects_what_it_cannot_compute(dtype):
+    packed = decode_gemm.pack(torch.randn(16, 64).to(dtype))
+    with pytest.raises(RuntimeError, match="features"):
+        decode_gemm.linear(torch.randn(2, 62).to(dtype), packed, 16, None)
+    with pytest.raises(RuntimeError, match="dtype"):
+        decode_gemm.linear(torch.randn(2, 64).half(), packed, 16, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [DECODE_GEMM_ROWS.start - 1, DECODE_GEMM_ROWS.start, 24, DECODE_GEMM_ROWS.stop - 1,
+                                  DECODE_GEMM_ROWS.stop])
+def test_cpu_linear_takes_it_for_decode_rows_only(dtype, rows, monkeypatch):
+    if not cpu_gemm.packed_weights_pay(dtype):
+        pytest.fail(f"oneDNN's packed {dtype} path is off on a CPU that has the kernel: it would never be used")
+    calls = []
+    real = decode_gemm.linear
+    monkeypatch.setattr(decode_gemm, "linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    torch.manual_seed(rows)
+    plain = nn.Linear(96, 72).to(dtype)
+    fast = nn.Linear(96, 72).to(dtype)
+    fast.load_state_dict(plain.state_dict())
+    use_cpu_gemm(fast)
+    assert isinstance(fast, CpuLinear)
+    x = torch.randn(rows, 96).to(dtype)
+    out = fast(x)
+    assert calls == ([rows] if rows in DECODE_GEMM_ROWS else [])
+    exact = F.linear(x.float(), plain.weight.float(), plain.bias.float())
+    assert (out.float() - exact).abs().max() <= 2 * (plain(x).float() - exact).abs().max() + 1e-4
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_packed_copy_follows_the_weight(dtype):
+    fast = nn.Linear(64, 32, bias=False).to(dtype)
+    use_cpu_gemm(fast)
+    x = torch.randn(8, 64).to(dtype)
+    before = fast(x)
+    with torch.no_grad():
+        fast.weight.mul_(2)  # in place: the copy must be rebuilt
+    torch.testing.assert_close(fast(x).float(), 2 * before.float(), atol=1e-4, rtol=TOLERANCE[dtype])
+    fast.weight = nn.Parameter(torch.zeros(32, 64).to(dtype))  # replaced
+    assert fast(x).abs().max() == 0
