@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import platform
@@ -90,6 +91,8 @@ def run_vlserve(name: str, model_dir: str, reqs: list[Job], threads: int,
         start = time.monotonic()
         answers = client.generate(reqs)
         wall = time.monotonic() - start
+    del engine, client
+    gc.collect()  # the engine's reference cycles hold its weights and packed copies until a full collection
     run = PeerRun(name, wall, [a.prompt_tokens for a in answers], [a.completion_tokens for a in answers],
                   [a.cached_tokens for a in answers], [a.latency_s for a in answers],
                   [a.ttft_s for a in answers if a.ttft_s is not None], [a.text for a in answers],

@@ -19,11 +19,9 @@ class KVPool:
     def create(cls, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
                dtype: torch.dtype, device: str | torch.device = "cpu") -> "KVPool":
         def buf():
-            # Zeroed, so every page is touched here, at start-up, as vLLM and SGLang allocate their
-            # caches: with torch.empty a CPU pool faulted its pages in as the first requests wrote
-            # them (an extend's KV write took 7x its warm time; 5% of a fresh engine's first bf16
-            # few-shot batch). Attention reads only slots that were written, so the zeros are never read.
-            return torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+            # Never zeroed: attention reads only slots that were written (up to each request's
+            # length), and untouched pages of a large CPU pool then cost no resident memory.
+            return torch.empty(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
 
         return cls([buf() for _ in range(num_layers)], [buf() for _ in range(num_layers)])
 
