@@ -95,9 +95,10 @@ RAW_PROMPT_SHARE = 0.15
 # Sequence length, in tokens, of an image scene asked k questions: <s>, 16 image tokens, then about 19
 # tokens a turn (prompt and answer). Counted at 64 px; at 96 px an image is 36 tokens, which makes the
 # one- and two-turn batches a little longer than the four-turn ones. Left as it was: the shipped
-# checkpoint (run 6) was trained with these numbers and the recipe reproduces it. An image batch draws one k for all its rows and holds
-# batch_images * row_tokens(MAX_TURNS) / row_tokens(k) scenes, so every image step costs about the
-# same and no row is mostly padding (with k drawn per row, 31% of a batch was padding).
+# checkpoint (runs 6 and 7) was trained with these numbers and the recipe reproduces it. An image
+# batch draws one k for all its rows and holds batch_images * row_tokens(MAX_TURNS) / row_tokens(k)
+# scenes, so every image step costs about the same and no row is mostly padding (with k drawn per row,
+# 31% of a batch was padding).
 MAX_TURNS = 4
 IMAGE_ROW_BASE, IMAGE_ROW_PER_TURN = 17, 19
 # Pictures a few-shot row holds (one question each, in its own turn). Run 6 never saw two pictures in
@@ -589,15 +590,16 @@ def train(args: TrainArgs) -> None:
             n_frames = data_rng.randint(4, 8)
             return maker.make([scenes.video_scene(data_rng, n_frames) for _ in range(args.batch_videos)],
                               turns=MAX_TURNS)
+        def rows_of(row_tokens: int) -> int:  # as many rows as make a batch of MAX_TURNS-turn rows' tokens
+            return round(args.batch_images * (IMAGE_ROW_BASE + MAX_TURNS * IMAGE_ROW_PER_TURN) / row_tokens)
+
         if data_rng.random() < args.multi_scene_share:
-            k = data_rng.choice(MULTI_SCENES)
-            n = round(args.batch_images * (IMAGE_ROW_BASE + MAX_TURNS * IMAGE_ROW_PER_TURN)
-                      / (k * (IMAGE_ROW_BASE + IMAGE_ROW_PER_TURN)))
+            k = data_rng.choice(MULTI_SCENES)  # k pictures, one turn each
+            n = rows_of(k * (IMAGE_ROW_BASE + IMAGE_ROW_PER_TURN))
             return maker.make_multi([[image_or_outside(data_rng) for _ in range(k)] for _ in range(n)])
         k = data_rng.randint(1, MAX_TURNS)
-        n = round(args.batch_images * (IMAGE_ROW_BASE + MAX_TURNS * IMAGE_ROW_PER_TURN)
-                  / (IMAGE_ROW_BASE + k * IMAGE_ROW_PER_TURN))
-        return maker.make([image_or_outside(data_rng) for _ in range(n)], turns=k)
+        return maker.make([image_or_outside(data_rng) for _ in range(rows_of(IMAGE_ROW_BASE + k * IMAGE_ROW_PER_TURN))],
+                          turns=k)
 
     vision_warmup(model, aux, maker, args, random.Random(args.seed + 1))
     total = args.steps or 10 ** 9
