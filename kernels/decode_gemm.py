@@ -1,8 +1,9 @@
-"""The decode-rows GEMM on AVX-512 CPUs (csrc/decode_gemm_cpu.cpp): y = x · wᵀ (+ bias) in x's dtype,
-fp32 (FMA) or bf16 (vdpbf16ps, where the CPU has AVX512_BF16), on a weight packed once for it. From
-8 to 64 rows it measured 1.1-1.4x oneDNN's inner product on oneDNN's own packed weight (one Zen 5
-core, each of the benchmark model's eight layers' weights from memory, as in a decode step); at
-prefill sizes oneDNN is level or ahead, so vlserve.model.cpu_gemm sends only these rows here.
+"""The decode-rows GEMM on AVX-512 and AVX2 CPUs (csrc/decode_gemm_cpu.cpp): y = x · wᵀ (+ bias) in x's
+dtype, fp32 (FMA) or bf16 (vdpbf16ps where the CPU has AVX512_BF16; on AVX2 widened in registers), on
+a weight packed once for it. On AVX-512 from 8 to 64 rows it measured 1.1-1.4x oneDNN's inner product
+on oneDNN's own packed weight (one Zen 5 core, each of the benchmark model's eight layers' weights
+from memory, as in a decode step); on AVX2 (Zen 3) 1.3-2.2x the small-row kernel and oneDNN up to 128
+rows; at prefill sizes oneDNN is level or ahead, so vlserve.model.cpu_gemm sends only these rows here.
 
 Built with the CPU attention kernel (cpu_attention.py); `decode_gemm_op(dtype)` is None where that
 extension cannot be built or the CPU (the build is -march=native) lacks the instructions.
@@ -28,6 +29,11 @@ def _ops():
     if cpu_attention_op() is None:
         raise RuntimeError(f"the CPU kernels could not be built here: {cpu_attention_error()}")
     return torch.ops.vlserve_decode_gemm
+
+
+def vector_bits() -> int:
+    """The vector width the kernel was built for: 512 (AVX-512), 256 (AVX2), 0 (not built)."""
+    return _ops().vector_bits()
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

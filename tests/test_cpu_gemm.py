@@ -47,7 +47,7 @@ def test_bf16_widening_only_without_native_kernels(monkeypatch):
     real = cpu_gemm._onednn
     monkeypatch.setattr(cpu_gemm, "_onednn", lambda x, w, b: calls.append(x.dtype) or real(x, w, b))
     _, fast = _pair(False, torch.bfloat16)
-    x = torch.randn(max(UPCAST_MIN_ROWS, SMALL_ROWS), 96).bfloat16()  # past the small-row kernel
+    x = torch.randn(300, 96).bfloat16()  # past the small-row and the decode-rows kernels
     monkeypatch.setattr(cpu_gemm, "native_bf16", lambda: True)
     fast(x)
     assert torch.float32 not in calls  # bf16 as it is (through the packed weight where that pays)

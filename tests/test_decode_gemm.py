@@ -1,7 +1,8 @@
 """The decode-rows GEMM (kernels/csrc/decode_gemm_cpu.cpp), fp32 and bf16, against fp32 products of
-the same operands, on every remainder its blocking has (rows past a 6-row block and a 96-row panel,
-columns past a 16-column block and a 4-block group, K past a 128-step chunk), and CpuLinear's use
-of it."""
+the same operands, on every remainder its blocking has (rows past a 6- or 4-row block and a 96-row
+panel, columns past a 16-column block and a 4-block group, K past a 128- or 256-step chunk), and
+CpuLinear's use of it. Built with -march=native, it runs AVX-512 or AVX2 code: these tests check
+whichever this CPU has."""
 
 import pytest
 import torch
@@ -15,12 +16,14 @@ from vlserve.model.cpu_gemm import DECODE_GEMM_ROWS, CpuLinear, use_cpu_gemm
 from test_cpu_attention import cpu_has_avx512_bf16
 
 
-def cpu_has_avx512f() -> bool:
+def cpu_flags() -> set[str]:
     with open("/proc/cpuinfo") as f:
-        return any(line.startswith("flags") and " avx512f" in line for line in f)
+        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
 
 
-CPU_HAS = {torch.float32: cpu_has_avx512f(), torch.bfloat16: cpu_has_avx512_bf16()}
+FLAGS = cpu_flags()
+AVX2 = {"avx2", "fma"} <= FLAGS and "avx512f" not in FLAGS  # the AVX2 build: fp32 and bf16 (widened)
+CPU_HAS = {torch.float32: "avx512f" in FLAGS or AVX2, torch.bfloat16: cpu_has_avx512_bf16() or AVX2}
 DTYPES = [pytest.param(d, marks=pytest.mark.skipif(not CPU_HAS[d], reason=f"the CPU lacks the instructions for {d}"))
           for d in CPU_HAS]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7}  # bf16: one rounding step of the output
@@ -31,6 +34,8 @@ def test_kernel_is_built_where_the_cpu_has_the_instructions(dtype):
     # Built with -march=native: on such a CPU it must be there, or every decode row silently takes
     # oneDNN and the tests below test nothing.
     assert (decode_gemm.decode_gemm_op(dtype) is not None) == CPU_HAS[dtype]
+    if any(CPU_HAS.values()):
+        assert decode_gemm.vector_bits() == (256 if AVX2 else 512)
 
 
 def _exact(x, w, bias):
@@ -42,7 +47,7 @@ def _exact(x, w, bias):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,k", [(1, 16, 2), (5, 17, 30), (6, 64, 64), (7, 65, 258), (24, 1536, 1024),
-                                   (31, 100, 2816), (97, 200, 512), (200, 48, 96)])
+                                   (31, 100, 2816), (97, 200, 512), (200, 48, 96), (9, 40, 1030)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_matches_the_exact_product(dtype, m, n, k, bias, threads):
     torch.manual_seed(m * 1000 + n + k)
@@ -87,11 +92,13 @@ def test_rejects_what_it_cannot_compute(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [DECODE_GEMM_ROWS.start - 1, DECODE_GEMM_ROWS.start, 24, DECODE_GEMM_ROWS.stop - 1,
-                                  DECODE_GEMM_ROWS.stop])
-def test_cpu_linear_takes_it_for_decode_rows_only(dtype, rows, monkeypatch):
-    if not cpu_gemm.packed_weights_pay(dtype):
-        pytest.fail(f"oneDNN's packed {dtype} path is off on a CPU that has the kernel: it would never be used")
+@pytest.mark.parametrize("where", ["below", "first", "24", "last", "past"])
+def test_cpu_linear_takes_it_for_decode_rows_only(dtype, where, monkeypatch):
+    taken = cpu_gemm.decode_gemm_rows(dtype)
+    assert taken == DECODE_GEMM_ROWS[decode_gemm.vector_bits()][dtype], "the kernel is built but never used"
+    rows = {"below": taken.start - 1, "first": taken.start, "24": 24, "last": taken.stop - 1, "past": taken.stop}[where]
+    if rows == 0:
+        return  # the range starts at one row: nothing below it
     calls = []
     real = decode_gemm.linear
     monkeypatch.setattr(decode_gemm, "linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
@@ -103,7 +110,7 @@ def test_cpu_linear_takes_it_for_decode_rows_only(dtype, rows, monkeypatch):
     assert isinstance(fast, CpuLinear)
     x = torch.randn(rows, 96).to(dtype)
     out = fast(x)
-    assert calls == ([rows] if rows in DECODE_GEMM_ROWS else [])
+    assert calls == ([rows] if rows in taken else [])
     exact = F.linear(x.float(), plain.weight.float(), plain.bias.float())
     assert (out.float() - exact).abs().max() <= 2 * (plain(x).float() - exact).abs().max() + 1e-4
 

@@ -72,6 +72,7 @@ def test_cpu_linear_routes_small_batches_to_the_kernel(op, monkeypatch, packed):
     """Without packed weights (AVX2) every row count under SMALL_ROWS takes the kernel; with them
     (AVX-512) only those under the packed path's PACKED_MIN_ROWS."""
     monkeypatch.setattr(cpu_gemm, "packed_weights_pay", lambda dtype: packed)
+    monkeypatch.setattr(cpu_gemm, "decode_gemm_rows", lambda dtype: range(0))  # its rows: test_decode_gemm.py
     layer = torch.nn.Linear(64, 48)
     cpu_gemm.use_cpu_gemm(layer)
     calls = []

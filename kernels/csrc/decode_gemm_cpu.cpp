@@ -1,22 +1,27 @@
-// y[M, N] = x[M, K] · w[N, K]^T (+ bias) on AVX-512 CPUs for the rows decode batches run (a few
-// dozen), where oneDNN's inner product on its own packed weight ran at 60-70% of its prefill rate
-// (one Zen 5 core, 24 rows: bf16 306 against 481 GFLOP/s, fp32 158 against 223). y has x's dtype.
+// y[M, N] = x[M, K] · w[N, K]^T (+ bias) for the rows decode batches run (a few dozen), where the
+// BLAS libraries run at a fraction of their prefill rate: oneDNN's inner product on its own packed
+// weight at 60-70% on AVX-512 (one Zen 5 core, 24 rows: bf16 306 against 481 GFLOP/s, fp32 158
+// against 223); on AVX2, oneDNN and MKL on the plain weight lower still (our dot-product kernel,
+// small_gemm_cpu.cpp, was the best there). y has x's dtype.
 //
-// The weight is packed once (pack_weight) so that one 64-byte load is 16 output columns at one
-// step of K: for each block of 16 columns, packed[block][step][column] holds
+// The weight is packed once (pack_weight) so that 64 bytes are 16 output columns at one step of K:
+// for each block of 16 columns, packed[block][step][column] holds
 // - fp32: w[column][step], a step is one element of K, and the product is an FMA;
-// - bf16: (w[column][2 step], w[column][2 step + 1]) as one 32-bit word, a step is a pair of K, and
-//   the product is vdpbf16ps (AVX512_BF16), which multiplies 16 such pairs by x's pair broadcast and
-//   adds each pair's sum into one fp32 lane. Products of bf16 values are exact in fp32; the sum is
-//   rounded to bf16 once at the end (after the bias), as oneDNN does.
+// - bf16: (w[column][2 step], w[column][2 step + 1]) as one 32-bit word, a step is a pair of K. With
+//   AVX512_BF16 the product is vdpbf16ps, which multiplies 16 such pairs by x's pair broadcast and
+//   adds each pair's sum into one fp32 lane; on AVX2 each word is widened in registers (a shift for
+//   the low half, a mask for the high half: bf16 is the top half of an fp32) and x, widened to fp32
+//   once per call, goes through two FMAs. Either way the products of bf16 values are exact in fp32;
+//   the sum is rounded to bf16 once at the end (after the bias), as oneDNN does.
 //
-// Register block: kRowBlock rows x kColBlocks column blocks of fp32 accumulators. Per step:
-// kColBlocks weight loads, kRowBlock broadcasts of x, kRowBlock * kColBlocks products (6 x 4: 24
-// accumulators, 28 of the 32 registers). K runs in chunks of kChunkSteps steps so that a column
-// group's chunk of weights (kColBlocks x 64 bytes a step: 32 KB) stays in L1 while every row block
-// passes over it; the passes also fetch the next chunk ahead (the first pass would otherwise wait on
-// memory: that alone was 1.3x at 24 rows). Rows go in panels of kPanelRows, whose partial sums wait
-// in a small fp32 buffer between chunks. Threads split the column groups.
+// Register block: Op::kRows rows x kColBlocks column blocks of fp32 accumulators. Per step:
+// the blocks' weight loads, kRows broadcasts of x, kRows x 16 x kColBlocks products (AVX-512 6 x 4
+// blocks: 24 accumulators of 32 registers; AVX2 6 x 1 block of two 8-float vectors: 12 of 16, and
+// in bf16 4 x 1). K runs in chunks of kChunkSteps steps so that a column group's chunk of weights stays
+// in L1 while every row block passes over it; the passes also fetch the next chunk ahead (the first
+// pass would otherwise wait on memory: that alone was 1.3x at 24 rows on AVX-512). Rows go in panels
+// of kPanelRows, whose partial sums wait in a small fp32 buffer between chunks. Threads split the
+// column groups.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -28,9 +33,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "vec_cpu.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
-#define VLSERVE_DECODE_GEMM 1
+#define VLSERVE_DECODE_GEMM 512
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VLSERVE_DECODE_GEMM 256
 #endif
 
 namespace {
@@ -38,13 +48,24 @@ namespace {
 constexpr int64_t kBlockCols = 16;  // output columns per packed block (one fp32 vector)
 
 bool supports(c10::ScalarType dtype) {
-#if defined(VLSERVE_DECODE_GEMM)
+#if VLSERVE_DECODE_GEMM == 512
   if (dtype == at::kFloat) return true;
 #if defined(__AVX512BF16__)
   if (dtype == at::kBFloat16) return true;
 #endif
+#elif VLSERVE_DECODE_GEMM == 256
+  if (dtype == at::kFloat || dtype == at::kBFloat16) return true;
 #endif
   return false;
+}
+
+// The vector width the kernel was built for (-march=native): 512, 256, or 0 where it is not built.
+int64_t vector_bits() {
+#if defined(VLSERVE_DECODE_GEMM)
+  return VLSERVE_DECODE_GEMM;
+#else
+  return 0;
+#endif
 }
 
 // Elements of K per step: a bf16 pair shares one 32-bit word.
@@ -82,16 +103,16 @@ at::Tensor pack_weight(const at::Tensor& w_in) {
   return packed;
 }
 
-#if defined(VLSERVE_DECODE_GEMM)
+#if VLSERVE_DECODE_GEMM == 512
 
 // 6 x 4 measured best of 4x4, 8x3, 4x6 at 24 rows and level at 520 (chunks of 64 / 256 steps and
 // panels of 192 rows: no better).
-constexpr int kRowBlock = 6;
 constexpr int kColBlocks = 4;
 constexpr int64_t kChunkSteps = 128;  // 128 steps x 4 blocks x 64 bytes = 32 KB of weights in L1
 constexpr int64_t kPanelRows = 96;    // rows whose partial sums (24 KB) and x chunk stay near
 
 struct Fp32 {
+  static constexpr int kRows = 6;
   static __m512 product(__m512 acc, __m512i x, __m512i w) {
     return _mm512_fmadd_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(w), acc);
   }
@@ -99,9 +120,43 @@ struct Fp32 {
 
 #if defined(__AVX512BF16__)
 struct Bf16 {
+  static constexpr int kRows = 6;
   static __m512 product(__m512 acc, __m512i x, __m512i w) { return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w); }
 };
 #endif
+
+#elif VLSERVE_DECODE_GEMM == 256
+
+// Rows x one block (two 8-float vectors): fp32 6 rows, 12 accumulators, two weight vectors and a
+// broadcast in the 16 registers (the BLIS Haswell shape); bf16 4 rows, since each step's words give
+// two K elements' weight vectors (and a mask) before the products (Zen 3, two threads, the eight
+// layers' weights streamed: fp32 6 x 1 and bf16 4 x 1 measured best of 5 and 6 rows).
+constexpr int kColBlocks = 1;
+constexpr int64_t kChunkSteps = 256;  // 256 steps x 64 bytes = 16 KB of weights in L1 (half of it)
+constexpr int64_t kPanelRows = 96;
+
+// A step's weights as fp32 vectors of 8 columns: a step holds kHalves elements of K (bf16: a pair
+// per 32-bit word, the low one at 2 s: shifted into an fp32's top half; the high one at 2 s + 1:
+// the low half masked off). x rows are fp32 (bf16 x is widened before the call).
+struct Fp32 {
+  static constexpr int kRows = 6;
+  static constexpr int kHalves = 1;
+  static inline __m256 weights(const uint32_t* p, int) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
+};
+
+struct Bf16 {
+  static constexpr int kRows = 4;  // 8 accumulators; with 6 rows GCC spilled two (0.7x at 24 rows)
+  static constexpr int kHalves = 2;
+  static inline __m256 weights(const uint32_t* p, int half) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm256_castsi256_ps(half == 0 ? _mm256_slli_epi32(v, 16)
+                                         : _mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+};
+
+#endif
+
+#if defined(VLSERVE_DECODE_GEMM)
 
 // The weights the next chunk will read, fetched ahead while this one computes: block c's steps
 // [0, steps) from next[c] (null: nothing to fetch); this pass fetches the steps s with
@@ -122,6 +177,7 @@ struct Operands {
   float* acc;
 };
 
+#if VLSERVE_DECODE_GEMM == 512
 // Rows [m0, m0 + R) of the panel against column blocks [b0, b0 + C), steps [s0, s1).
 template <typename Op, int R, int C>
 inline void micro(const Operands& o, int64_t b0, int64_t m0, int64_t s0, int64_t s1, bool first, const Ahead& ahead) {
@@ -150,8 +206,61 @@ inline void micro(const Operands& o, int64_t b0, int64_t m0, int64_t s0, int64_t
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(o.acc + (m0 + r) * as + c * kBlockCols, a[r][c]);
 }
+#endif
 
-// rows 1 .. kRowBlock, cols 1 .. kColBlocks: the remainders of M and N.
+#if VLSERVE_DECODE_GEMM == 256
+// Rows [m0, m0 + R) of the panel against column blocks [b0, b0 + C), steps [s0, s1); x is fp32 here.
+// Every loop over rows and vectors is unrolled by pragma: left to GCC, the accumulator array stayed
+// in memory, stored at every step (3-4x slower).
+template <typename Op, int R, int C>
+inline void micro(const Operands& o, int64_t b0, int64_t m0, int64_t s0, int64_t s1, bool first, const Ahead& ahead) {
+  constexpr int64_t as = kColBlocks * kBlockCols;
+  __m256 a[R][2 * C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < 2 * C; ++v)
+      a[r][v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o.acc + (m0 + r) * as + v * 8);
+  const uint32_t* wb[C];
+  for (int c = 0; c < C; ++c) wb[c] = o.w + (b0 + c) * o.steps * kBlockCols;
+  const float* xr[R];
+  for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const float*>(o.x + (m0 + r) * o.xs);
+  const int64_t fetch_end = s0 + ahead.steps;
+  int64_t fetch = s0 + ahead.pass;  // steps s0 + pass, s0 + pass + passes, ...: no division per step
+  for (int64_t s = s0; s < s1; ++s) {
+    if (s == fetch && s < fetch_end) {
+      for (int c = 0; c < kColBlocks; ++c)
+        if (ahead.next[c] != nullptr)
+          _mm_prefetch(reinterpret_cast<const char*>(ahead.next[c] + (s - s0) * kBlockCols), _MM_HINT_T0);
+      fetch += ahead.passes;
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < Op::kHalves; ++h) {
+      __m256 w[C][2];
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        w[c][0] = Op::weights(wb[c] + s * kBlockCols, h);
+        w[c][1] = Op::weights(wb[c] + s * kBlockCols + 8, h);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256 xv = _mm256_broadcast_ss(xr[r] + s * Op::kHalves + h);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          a[r][2 * c] = _mm256_fmadd_ps(xv, w[c][0], a[r][2 * c]);
+          a[r][2 * c + 1] = _mm256_fmadd_ps(xv, w[c][1], a[r][2 * c + 1]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < 2 * C; ++v) _mm256_storeu_ps(o.acc + (m0 + r) * as + v * 8, a[r][v]);
+}
+#endif
+
+// rows 1 .. Op::kRows, cols 1 .. kColBlocks: the remainders of M and N.
 template <typename Op, int C>
 inline void micro_rows(int rows, const Operands& o, int64_t b0, int64_t m0, int64_t s0, int64_t s1, bool first,
                        const Ahead& ah) {
@@ -168,28 +277,27 @@ inline void micro_rows(int rows, const Operands& o, int64_t b0, int64_t m0, int6
 template <typename Op>
 inline void micro_any(int rows, int cols, const Operands& o, int64_t b0, int64_t m0, int64_t s0, int64_t s1, bool first,
                       const Ahead& ah) {
-  switch (cols) {
-    case 4: micro_rows<Op, 4>(rows, o, b0, m0, s0, s1, first, ah); break;
-    case 3: micro_rows<Op, 3>(rows, o, b0, m0, s0, s1, first, ah); break;
-    case 2: micro_rows<Op, 2>(rows, o, b0, m0, s0, s1, first, ah); break;
-    default: micro_rows<Op, 1>(rows, o, b0, m0, s0, s1, first, ah); break;
+  if constexpr (kColBlocks == 1) {
+    micro_rows<Op, 1>(rows, o, b0, m0, s0, s1, first, ah);
+  } else {
+    switch (cols) {
+      case 4: micro_rows<Op, 4>(rows, o, b0, m0, s0, s1, first, ah); break;
+      case 3: micro_rows<Op, 3>(rows, o, b0, m0, s0, s1, first, ah); break;
+      case 2: micro_rows<Op, 2>(rows, o, b0, m0, s0, s1, first, ah); break;
+      default: micro_rows<Op, 1>(rows, o, b0, m0, s0, s1, first, ah); break;
+    }
   }
 }
 
-// One panel row's finished sums [n0, n1) plus the bias, into y (bf16: rounded once).
+// One panel row's finished sums [n0, n1) plus the bias, into y (bf16: rounded once, to nearest even).
 template <typename T>
 void finish_row(const float* a, const float* bias, T* y, int64_t n0, int64_t n1) {
+  using namespace vlserve_vec;
   int64_t n = n0;
-  for (; n + kBlockCols <= n1; n += kBlockCols) {
-    __m512 v = _mm512_loadu_ps(a + (n - n0));
-    if (bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + n));
-    if constexpr (std::is_same_v<T, float>) {
-      _mm512_storeu_ps(y + n, v);
-    } else {
-#if defined(__AVX512BF16__)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + n), (__m256i)_mm512_cvtneps_pbh(v));
-#endif
-    }
+  for (; n + kLanes <= n1; n += kLanes) {
+    vf v = loadu(a + (n - n0));
+    if (bias != nullptr) v += loadu(bias + n);
+    store16(y + n, v);
   }
   for (; n < n1; ++n) y[n] = static_cast<T>(a[n - n0] + (bias != nullptr ? bias[n] : 0.0f));
 }
@@ -203,7 +311,7 @@ void column_group(Operands o, int64_t M, int64_t N, int64_t b0, int cols, int ne
   const uint32_t* x = o.x;
   for (int64_t mp = 0; mp < M; mp += kPanelRows) {
     const int64_t rows = std::min(kPanelRows, M - mp);
-    const int64_t passes = (rows + kRowBlock - 1) / kRowBlock;
+    const int64_t passes = (rows + Op::kRows - 1) / Op::kRows;
     const bool last_panel = mp + kPanelRows >= M;
     o.x = x + mp * o.xs;
     for (int64_t s0 = 0; s0 < o.steps; s0 += kChunkSteps) {
@@ -219,8 +327,8 @@ void column_group(Operands o, int64_t M, int64_t N, int64_t b0, int cols, int ne
         ahead.steps = std::min(kChunkSteps, o.steps);
         for (int c = 0; c < next_cols; ++c) ahead.next[c] = o.w + (b0 + cols + c) * o.steps * kBlockCols;
       }
-      for (int64_t m0 = 0; m0 < rows; m0 += kRowBlock, ++ahead.pass) {
-        micro_any<Op>(static_cast<int>(std::min<int64_t>(kRowBlock, rows - m0)), cols, o, b0, m0, s0, s1, s0 == 0,
+      for (int64_t m0 = 0; m0 < rows; m0 += Op::kRows, ++ahead.pass) {
+        micro_any<Op>(static_cast<int>(std::min<int64_t>(Op::kRows, rows - m0)), cols, o, b0, m0, s0, s1, s0 == 0,
                       ahead);
       }
     }
@@ -249,7 +357,7 @@ void run(const uint32_t* x, int64_t M, int64_t xs, const uint32_t* w, int64_t st
 at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias_in) {
   const c10::ScalarType dtype = x_in.scalar_type();
   TORCH_CHECK(x_in.device().is_cpu() && supports(dtype), "decode_gemm.linear: x must be a CPU tensor of a dtype this "
-              "build supports (fp32 with AVX-512, bf16 with AVX512_BF16), got ", dtype);
+              "build supports (fp32 with AVX-512 or AVX2, bf16 with AVX512_BF16 or AVX2), got ", dtype);
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kInt && packed.size(2) == kBlockCols &&
                   packed.size(0) * kBlockCols >= N && packed.is_contiguous(),
               "decode_gemm.linear: packed must come from pack_weight, got ", packed.sizes());
@@ -265,14 +373,18 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, c
   }
   at::Tensor y = at::empty({M, N}, x.options());
 #if defined(VLSERVE_DECODE_GEMM)
-  const uint32_t* xw = static_cast<const uint32_t*>(x.data_ptr());
   const uint32_t* ww = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   if (dtype == at::kFloat) {
-    run<Fp32, float>(xw, M, K, ww, steps, N, bp, y.data_ptr<float>());
+    run<Fp32, float>(static_cast<const uint32_t*>(x.data_ptr()), M, K, ww, steps, N, bp, y.data_ptr<float>());
   } else {
-#if defined(__AVX512BF16__)
-    run<Bf16, at::BFloat16>(xw, M, K / 2, ww, steps, N, bp, y.data_ptr<at::BFloat16>());
+#if VLSERVE_DECODE_GEMM == 256
+    const at::Tensor wide = x.to(at::kFloat);  // a few rows: widened once, broadcast from fp32
+    run<Bf16, at::BFloat16>(static_cast<const uint32_t*>(wide.data_ptr()), M, K, ww, steps, N, bp,
+                            y.data_ptr<at::BFloat16>());
+#elif defined(__AVX512BF16__)
+    run<Bf16, at::BFloat16>(static_cast<const uint32_t*>(x.data_ptr()), M, K / 2, ww, steps, N, bp,
+                            y.data_ptr<at::BFloat16>());
 #endif
   }
 #endif
@@ -287,6 +399,7 @@ TORCH_LIBRARY(vlserve_decode_gemm, m) {
   m.def("pack_weight(Tensor w) -> Tensor");
   m.def("linear(Tensor x, Tensor packed, int N, Tensor? bias) -> Tensor");
   m.def("supports(ScalarType dtype) -> bool");
+  m.def("vector_bits() -> int");
 }
 
 TORCH_LIBRARY_IMPL(vlserve_decode_gemm, CPU, m) {
@@ -294,4 +407,7 @@ TORCH_LIBRARY_IMPL(vlserve_decode_gemm, CPU, m) {
   m.impl("linear", &linear);
 }
 
-TORCH_LIBRARY_IMPL(vlserve_decode_gemm, CompositeExplicitAutograd, m) { m.impl("supports", &supports); }
+TORCH_LIBRARY_IMPL(vlserve_decode_gemm, CompositeExplicitAutograd, m) {
+  m.impl("supports", &supports);
+  m.impl("vector_bits", &vector_bits);
+}

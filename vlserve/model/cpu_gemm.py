@@ -21,9 +21,14 @@ and at every row count in bf16 (1.4-1.7x F.linear at 8-64 rows). There each laye
 on first use and keeps the packed copy beside the plain one (the plain weight stays the parameter:
 state dicts, tied embeddings and the small-row kernel read it); the copy is rebuilt if the weight
 is replaced or changed in place.
-Decode rows there (DECODE_GEMM_ROWS: 8-64) go to our own kernel instead (kernels/decode_gemm.py:
-FMA for fp32, vdpbf16ps for bf16, on a second packed copy of the weight): oneDNN's inner product ran
-those rows at 60-70% of its prefill rate, ours at 80-90% (1.1-1.4x; "Tenth pass" in RESULTS.md).
+Decode rows there (8-64) go to our own kernel instead (kernels/decode_gemm.py: FMA for fp32,
+vdpbf16ps for bf16, on a second packed copy of the weight): oneDNN's inner product ran those rows at
+60-70% of its prefill rate, ours at 80-90% (1.1-1.4x; "Tenth pass" in RESULTS.md).
+On AVX2 the same kernel, in 8-float vectors (bf16 widened in registers), takes fp32 rows 8-128 and
+bf16 rows 1-128 from the small-row kernel and oneDNN: on a Zen 3 EPYC, two threads, the decode
+step's weights streamed, fp32 1.3-1.5x the better of the two from 16 to 128 rows and bf16 1.3-2.2x
+(bf16 has no native GEMM there: the small-row kernel widens per use, oneDNN a whole copy per call);
+from 256 rows oneDNN is level or ahead ("Eleventh pass" in RESULTS.md). DECODE_GEMM_ROWS holds both.
 use_cpu_gemm packs every layer at load, so no request pays for it, unless the copies would take more
 than PACK_MEMORY_SHARE of the memory left: then nothing is packed, and a warning says so.
 
@@ -53,9 +58,11 @@ UPCAST_MIN_ROWS = 16  # bf16 without native kernels: from here the fp32 GEMM on 
 PACKED_MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}  # AVX-512: below 4 fp32 rows our kernel still wins
 PACK_MEMORY_SHARE = 0.25  # packed copies may take at most this share of the memory left at load
 PACK_HINT_ROWS = 32  # the batch size oneDNN picks the blocked layout for (1-2048 measured level from 4 rows)
-# AVX-512: rows in this range go to our kernel on its own packed copy (kernels/decode_gemm.py), the
-# decode batches where oneDNN ran at 60-70% of its prefill rate; outside it oneDNN's packed path.
-DECODE_GEMM_ROWS = range(8, 65)
+# Rows that go to our kernel on its own packed copy (kernels/decode_gemm.py), by the vector width it
+# was built for and the dtype: on AVX-512 the decode batches where oneDNN's packed path ran at 60-70%
+# of its prefill rate; on AVX2 (no packed path, no native bf16) up to where oneDNN catches up.
+DECODE_GEMM_ROWS = {512: {torch.float32: range(8, 65), torch.bfloat16: range(8, 65)},
+                    256: {torch.float32: range(8, 129), torch.bfloat16: range(1, 129)}}
 
 
 @functools.cache
@@ -70,9 +77,17 @@ def native_fp16() -> bool:
 
 
 def decode_weights_pay(dtype: torch.dtype) -> bool:
-    """Whether decode rows of `dtype` take kernels/decode_gemm.py: where oneDNN's packed path is the one
-    it replaces (AVX-512; bf16 with native kernels) and it runs `dtype` here."""
-    return packed_weights_pay(dtype) and decode_gemm.decode_gemm_op(dtype) is not None
+    """Whether some rows of `dtype` take kernels/decode_gemm.py here: it is built for this CPU (AVX-512
+    or AVX2) and runs `dtype` (bf16 on AVX-512 needs AVX512_BF16), and oneDNN is there beside it."""
+    return bool(decode_gemm_rows(dtype))
+
+
+@functools.cache
+def decode_gemm_rows(dtype: torch.dtype) -> range:
+    """The row counts of `dtype` that take kernels/decode_gemm.py on this CPU (empty: none)."""
+    if not torch.backends.mkldnn.is_available() or decode_gemm.decode_gemm_op(dtype) is None:
+        return range(0)
+    return DECODE_GEMM_ROWS.get(decode_gemm.vector_bits(), {}).get(dtype, range(0))
 
 
 @functools.cache
@@ -97,7 +112,7 @@ class CpuLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         packs = self.__dict__.get("pack", True) and self.weight.dtype == x.dtype
-        if packs and rows in DECODE_GEMM_ROWS and decode_weights_pay(x.dtype):
+        if packs and rows in decode_gemm_rows(x.dtype):
             return decode_gemm.linear(x, self.decode_weight(), self.out_features, self.bias)
         if packs and rows >= PACKED_MIN_ROWS.get(x.dtype, 1 << 62) and packed_weights_pay(x.dtype):
             return _onednn(x, self.packed_weight(), self.bias)
@@ -150,13 +165,13 @@ def pack_weights(layers: list[CpuLinear], free_bytes: int | None = None) -> int:
     """Packs the layers' weights now, where packing pays and the copies fit (see the module's
     docstring); returns the bytes packed. Layers left unpacked run on their plain weight."""
     payable = [m for m in layers if packed_weights_pay(m.weight.dtype)]
-    decode = [m for m in payable if decode_weights_pay(m.weight.dtype)]
+    decode = [m for m in layers if decode_weights_pay(m.weight.dtype)]
     extra = sum(m.weight.numel() * m.weight.element_size() for m in payable + decode)
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if free_bytes is None else free_bytes
     if extra > PACK_MEMORY_SHARE * free:
         log.warning("CPU GEMM: not packing %.1f GB of weights for oneDNN (%.1f GB of memory free); the linear "
                     "layers run on their plain weights, about 1.2-1.5x slower at decode sizes", extra / 1e9, free / 1e9)
-        for m in payable:
+        for m in payable + decode:
             m.pack = False
         return 0
     for m in payable:
