@@ -6,6 +6,7 @@ Two modes:
   benchmarks/workloads.py runs it), the GEMM peak measured before and after it:
 
     python benchmarks/roofline.py --workload questions_per_image --out benchmarks/results/roofline.md
+    python benchmarks/roofline.py --workload few_shot --dtype bfloat16   # bf16 weights and KV, bf16's peak
 
 - every system of a workloads.py run, from its JSON (wall time per system and repeat, and the GEMM
   peak workloads.py measured before and after each workload in that run):
@@ -33,27 +34,28 @@ def one_workload(args) -> str:
 
     model_dir = args.model or bench_model("/tmp/vlserve-bench-models/bench", BENCH_SPEC)
     jobs = W.WORKLOADS[args.workload]()
-    peak_before, path_before = gemm_peak(args.peak_rows)
-    with Engine(model_dir, num_threads=args.threads) as engine:
+    dtype = getattr(torch, args.dtype)
+    peak_before, path_before = gemm_peak(args.peak_rows, dtype=dtype)
+    with Engine(model_dir, num_threads=args.threads, dtype=args.dtype, video_frames=8) as engine:
         flops = required_flops(engine, jobs)
         client = EngineClient(engine)
         client.generate([Job("USER: warm up the engine ASSISTANT:", max_new_tokens=2, ignore_eos=True)])
         start = time.monotonic()
         client.generate(jobs)
         wall = time.monotonic() - start
-    peak_after, path_after = gemm_peak(args.peak_rows)
+    peak_after, path_after = gemm_peak(args.peak_rows, dtype=dtype)
     peak = max(peak_before, peak_after)
     counts = flops.pop("_counts")
     total = sum(flops.values())
     achieved = total / wall / 1e9
-    lines = [f"Roofline, workload {args.workload} ({len(jobs)} requests), BENCH_SPEC, {args.threads} threads.", "",
+    lines = [f"Roofline, workload {args.workload} ({len(jobs)} requests), BENCH_SPEC, {args.dtype}, {args.threads} threads.", "",
              "| FLOPs that had to be computed | GFLOP |", "| --- | ---: |"]
     lines += [f"| {k} | {v / 1e9:.1f} |" for k, v in flops.items()]
     lines += [f"| total | {total / 1e9:.1f} |", "",
               f"Counts: {counts[0]} unique prompt tokens, {counts[1]} decode forwards' tokens, {counts[2]} unique images.",
               "",
               "| figure | value |", "| --- | ---: |",
-              f"| GEMM peak ({args.peak_rows}x1024x2816; before / after the run) | {peak_before:.0f} ({path_before}) / "
+              f"| GEMM peak ({args.peak_rows}x1024x2816 in {args.dtype}; before / after the run) | {peak_before:.0f} ({path_before}) / "
               f"{peak_after:.0f} ({path_after}) GFLOP/s |",
               f"| workload wall time | {wall:.2f} s |",
               f"| achieved | {achieved:.1f} GFLOP/s |",
@@ -98,6 +100,7 @@ def main():
     ap.add_argument("--workload", default="questions_per_image", choices=list(W.WORKLOADS))
     ap.add_argument("--results", help="a workloads.py --out folder: the roofline share of every system in it")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="with --workload")
     ap.add_argument("--peak-rows", type=int, default=PEAK_ROWS)
     ap.add_argument("--model")
     ap.add_argument("--out", default="benchmarks/results/roofline.md")
