@@ -169,8 +169,9 @@ def pack_weights(layers: list[CpuLinear], free_bytes: int | None = None) -> int:
     extra = sum(m.weight.numel() * m.weight.element_size() for m in payable + decode)
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if free_bytes is None else free_bytes
     if extra > PACK_MEMORY_SHARE * free:
-        log.warning("CPU GEMM: not packing %.1f GB of weights for oneDNN (%.1f GB of memory free); the linear "
-                    "layers run on their plain weights, about 1.2-1.5x slower at decode sizes", extra / 1e9, free / 1e9)
+        log.warning("CPU GEMM: not packing %.1f GB of weight copies (for oneDNN and the decode-rows kernel; %.1f GB of "
+                    "memory free); the linear layers run on their plain weights, about 1.2-2.5x slower at decode sizes",
+                    extra / 1e9, free / 1e9)
         for m in payable + decode:
             m.pack = False
         return 0
