@@ -1,30 +1,26 @@
 """The decode-rows GEMM (kernels/decode_gemm.py) on and off in the engine, alternating: each workload
 through a fresh Engine as benchmarks/workloads.py runs it (one batch after a warm-up request), with
 CpuLinear's rows for the kernel (vlserve.model.cpu_gemm.decode_gemm_rows) as built, then emptied
-(every row takes the path it would take without the kernel). Best wall time of each side, and the ratio.
+(decode_gemm_stream.decode_kernel_off: every row takes the path it would take without the kernel). Best wall time of each side, and the ratio.
 
     python benchmarks/decode_gemm_ab.py --workloads few_shot,questions_per_image,video_qa --dtypes float32,bfloat16
 """
 
 import argparse
+import contextlib
 
 import torch
 
 from vlserve.bench import workloads as W
 from vlserve.bench.models import BENCH_SPEC, bench_model
 from vlserve.bench.report import write_report
-from vlserve.model import cpu_gemm
-from workloads import run_vlserve  # benchmarks/workloads.py, beside this file
+from decode_gemm_stream import decode_kernel_off  # beside this file, as is workloads.py
+from workloads import run_vlserve
 
 
 def wall(model_dir: str, workload: str, dtype: str, threads: int, kernel: bool) -> float:
-    built = cpu_gemm.decode_gemm_rows
-    if not kernel:
-        cpu_gemm.decode_gemm_rows = lambda dtype: range(0)
-    try:
+    with contextlib.nullcontext() if kernel else decode_kernel_off():
         run, _ = run_vlserve("vlserve-lpm", model_dir, W.WORKLOADS[workload](), threads, dtype)
-    finally:
-        cpu_gemm.decode_gemm_rows = built
     return run.wall_s
 
 

@@ -14,6 +14,7 @@ GFLOP/s over the four linears.
 """
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -33,6 +34,20 @@ def best_ms(fn, repeats: int) -> float:
     return best * 1e3
 
 
+@contextlib.contextmanager
+def decode_kernel_off():
+    """Within it CpuLinear sends no rows to kernels/decode_gemm.py: every row takes the path it would
+    take without the kernel (benchmarks/decode_gemm_ab.py uses it too)."""
+    from vlserve.model import cpu_gemm
+
+    built = cpu_gemm.decode_gemm_rows
+    cpu_gemm.decode_gemm_rows = lambda dtype: range(0)
+    try:
+        yield
+    finally:
+        cpu_gemm.decode_gemm_rows = built
+
+
 def cpu_linears(weights: list[torch.Tensor]) -> list[nn.Module]:
     """CpuLinear layers over these weights, packed as the engine packs them at load."""
     from vlserve.model.cpu_gemm import use_cpu_gemm
@@ -48,7 +63,6 @@ def cpu_linears(weights: list[torch.Tensor]) -> list[nn.Module]:
 
 def main():
     from vlserve.kernels import decode_gemm
-    from vlserve.model import cpu_gemm
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="24", help="comma-separated batch sizes")
@@ -80,14 +94,10 @@ def main():
                     linear(x[k], w, None, "none", [], "")
 
         def without_kernel(layers):
-            real = cpu_gemm.decode_gemm_rows
-            cpu_gemm.decode_gemm_rows = lambda dtype: range(0)
-            try:
+            with decode_kernel_off():
                 for layer in layers:
                     for (_, k), linear_layer in zip(SHAPES, layer):
                         linear_layer(x[k])
-            finally:
-                cpu_gemm.decode_gemm_rows = real
 
         def our_step(layers):
             for packed in layers:

@@ -29,18 +29,17 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "vec_cpu.h"
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
 #define VLSERVE_DECODE_GEMM 512
 #elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
 #define VLSERVE_DECODE_GEMM 256
+#endif
+#if defined(VLSERVE_DECODE_GEMM)
+#include <immintrin.h>
 #endif
 
 namespace {
