@@ -26,7 +26,7 @@ from .validate import check_decode_args, check_extend_args
 _SOURCES = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", name)
             for name in ("paged_attention_cpu.cpp", "small_gemm_cpu.cpp", "fused_cpu.cpp", "decode_gemm_cpu.cpp")]
 _HEADERS = [os.path.join(os.path.dirname(_SOURCES[0]), name)
-            for name in ("vec_cpu.h", "bf16_dot_cpu.h")]  # shared vector types and loads; bf16 dot products
+            for name in ("vec_cpu.h", "bf16_dot_cpu.h", "f32_tiles_cpu.h")]  # vector types; bf16 and fp32 tiles
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}  # "op": the torch op, or "error": why it could not be built
 
@@ -144,14 +144,14 @@ def shared_prefix_groups(req_to_token, req_pool_indices, seq_lens, extend_lens=N
 
 
 def extend_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens,
-                         qo_start_loc, sm_scale, bf16_dot: bool = True) -> None:
+                         qo_start_loc, sm_scale, bf16_dot: bool = True, causal: bool = True) -> None:
     """Request b's new tokens q[qo_start_loc[b] : + extend_lens[b]] attend to its cached prefix and
-    causally to themselves."""
+    causally to themselves (causal=False: to all of its seq_lens[b] keys)."""
     op = cpu_attention_op() if q.is_cpu else None
     if op is None:
         return extend_attention_ref(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens,
-                                    extend_lens, qo_start_loc, sm_scale)
+                                    extend_lens, qo_start_loc, sm_scale, causal=causal)
     check_extend_args(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens,
                       qo_start_loc)
     op(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start_loc, sm_scale,
-       True, bf16_dot)
+       True, bf16_dot, causal)

@@ -19,11 +19,15 @@ def _gather_kv(k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: tor
     return k, v
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, sm_scale: float) -> torch.Tensor:
-    """q: [num_new, Hq, D] at positions prefix_len.. ; k, v: [1, Hkv, prefix_len + num_new, D]."""
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, sm_scale: float,
+            causal: bool = True) -> torch.Tensor:
+    """q: [num_new, Hq, D] at positions prefix_len.. ; k, v: [1, Hkv, prefix_len + num_new, D].
+    causal=False: every query sees every key."""
     num_new = q.shape[0]
     qh = q.transpose(0, 1).unsqueeze(0).float()
-    if num_new == 1 or prefix_len == 0:
+    if not causal:
+        out = F.scaled_dot_product_attention(qh, k, v, scale=sm_scale, enable_gqa=True)
+    elif num_new == 1 or prefix_len == 0:
         # One query sees every key; with no prefix the mask is SDPA's top-left causal mask.
         out = F.scaled_dot_product_attention(qh, k, v, is_causal=num_new > 1, scale=sm_scale, enable_gqa=True)
     else:
@@ -48,9 +52,10 @@ def decode_attention_ref(q, k_buffer, v_buffer, o, req_to_token, req_pool_indice
 
 
 def extend_attention_ref(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens,
-                         qo_start_loc, sm_scale) -> None:
+                         qo_start_loc, sm_scale, causal: bool = True) -> None:
     """Request b's new tokens q[qo_start_loc[b] : qo_start_loc[b] + extend_lens[b]] attend to its
-    cached prefix (positions 0..seq_lens[b]-extend_lens[b]-1) and causally to themselves."""
+    cached prefix (positions 0..seq_lens[b]-extend_lens[b]-1) and causally to themselves (causal=False:
+    to all of its keys)."""
     check_extend_args(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens,
                       qo_start_loc)
     rows, lengths = req_pool_indices.tolist(), seq_lens.tolist()
@@ -60,5 +65,5 @@ def extend_attention_ref(q, k_buffer, v_buffer, o, req_to_token, req_pool_indice
         if not 0 <= start <= start + num_new <= q.shape[0]:
             raise ValueError(f"request {b}: rows {start}:{start + num_new} fall outside q's {q.shape[0]} rows")
         k, v = _gather_kv(k_buffer, v_buffer, req_to_token, row, length)
-        out = _attend(q[start:start + num_new], k, v, length - num_new, sm_scale)
+        out = _attend(q[start:start + num_new], k, v, length - num_new, sm_scale, causal)
         o[start:start + num_new] = out.to(o.dtype)

@@ -53,9 +53,10 @@ def test_decode_matches_reference(page_size, heads, head_dim, threads):
 
 
 # (seq_lens, extend_lens): no prefix, prefix hits of every size, one new token beside a long prompt,
-# extends that span several query blocks and key tiles; the last case takes the BLAS path (128-token
-# query blocks, 512-key blocks) across several key blocks, with the causal edge inside the second and
-# third, beside a request short enough for the register-blocked path.
+# extends that span several query blocks and key tiles; the last case takes the long-block path
+# (128-token query blocks, 512-key blocks, 32-row tiles: fp32 register tiles on AVX-512, BLAS
+# elsewhere or for head dims not a multiple of 16) across several key blocks, with the causal edge
+# inside the second and third, beside a request short enough for the register-blocked path.
 EXTEND_CASES = [
     ([40, 70, 5, 33], [40, 17, 1, 33]),
     ([129, 64, 18], [3, 64, 17]),
@@ -73,6 +74,24 @@ def test_extend_matches_reference(page_size, heads, head_dim, case, threads):
     batch = random_paged_batch(seq_lens, extend_lens, *heads, head_dim, torch.float32, page_size, seed=case)
     out = batch.extend(extend_attention_cpu)
     assert rel_err(out, batch.extend(extend_attention_ref)) < TOLERANCE[torch.float32]
+
+
+# causal=False (a vision tower's images, each a request with all its tokens new; vision_attention.py):
+# every token sees all of its request's keys, on the short-row path, the long-block path across a
+# 512-key block edge, and (bf16) the dot-product path; a cached prefix is seen whole as well.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa4"])
+@pytest.mark.parametrize("head_dim", [64, 24])
+def test_non_causal_extend_matches_reference(dtype, heads, head_dim, threads):
+    seq_lens, extend_lens = [257, 257, 6, 600, 90], [257, 257, 6, 600, 40]
+    batch = random_paged_batch(seq_lens, extend_lens, *heads, head_dim, dtype, page_size=1, seed=head_dim)
+    ref = batch.extend(lambda *a: extend_attention_ref(*a, causal=False))
+    out = batch.extend(lambda *a: extend_attention_cpu(*a, causal=False))
+    assert rel_err(out, ref) < TOLERANCE[dtype]
+    if dtype == torch.bfloat16:
+        assert l2_err(out, ref) < 4e-3
+    # and it is not the causal result: the first token of a request sees more than itself
+    assert rel_err(batch.extend(extend_attention_ref), ref) > 0.1
 
 
 # Decode batches whose requests share leading slots, as the radix cache hands them out: a group of

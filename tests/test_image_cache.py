@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlserve.preprocess import ImageProcessing, MediaError, MediaLimits, prepare_image
+from vlserve.bench.workloads import video_mp4
+from vlserve.preprocess import ImageProcessing, MediaError, MediaLimits, prepare_image, prepare_video
 from vlserve.preprocess import image_cache
 from vlserve.preprocess.image_cache import ProcessedImageCache
 
@@ -112,3 +113,46 @@ def test_concurrent_callers_agree_and_the_bound_holds():
         assert result.content_hash == prepare_image(source, PROCESSING).content_hash
     assert len(cache) <= 3 and cache.num_bytes <= cache.max_bytes
     assert cache.hits + cache.misses == len(sources)
+
+
+@pytest.fixture
+def video_decodes(monkeypatch):
+    """Counts real video decodes behind the cache."""
+    calls = []
+    real = image_cache.prepare_video
+    monkeypatch.setattr(image_cache, "prepare_video", lambda data, *a: calls.append(len(data)) or real(data, *a))
+    return calls
+
+
+def test_a_repeated_video_skips_decoding_with_the_same_frames(video_decodes):
+    cache = ProcessedImageCache()
+    clip = video_mp4(0, frames=6, size=48)
+    first = cache.prepare_video(clip, PROCESSING, num_frames=4)
+    again = cache.prepare_video(base64.b64encode(clip).decode(), PROCESSING, num_frames=4)
+    assert len(video_decodes) == 1 and (cache.hits, cache.misses) == (1, 1)
+    expected = prepare_video(clip, PROCESSING, num_frames=4)
+    assert [f.content_hash for f in again] == [f.content_hash for f in first] == [f.content_hash for f in expected]
+    assert len(first) == 4 and len({f.content_hash for f in first}) == 4  # four different frames, in order
+    assert cache.num_bytes == 4 * ENTRY_BYTES
+    again.pop()  # a caller's list is its own: the cached frames stay whole
+    assert len(cache.prepare_video(clip, PROCESSING, num_frames=4)) == 4
+
+
+def test_other_frame_sampling_or_limits_miss_a_cached_video(video_decodes):
+    cache = ProcessedImageCache()
+    clip = video_mp4(1, frames=6, size=48)
+    cache.prepare_video(clip, PROCESSING, num_frames=4)
+    assert len(cache.prepare_video(clip, PROCESSING, num_frames=2)) == 2
+    with pytest.raises(MediaError, match="video_max_frames"):
+        cache.prepare_video(clip, PROCESSING, MediaLimits(video_max_frames=3), num_frames=4)
+    assert len(video_decodes) == 3 and cache.hits == 0  # the stricter limit missed, and its decode raised
+
+
+def test_videos_and_images_share_one_byte_budget(video_decodes):
+    cache = ProcessedImageCache(max_bytes=5 * ENTRY_BYTES)
+    cache.prepare_video(video_mp4(2, frames=6, size=48), PROCESSING, num_frames=4)
+    cache.prepare_image(png(40), PROCESSING)
+    cache.prepare_image(png(41), PROCESSING)  # 6 entries' bytes > 5: the video, least recent, goes
+    assert len(cache) == 2 and cache.num_bytes == 2 * ENTRY_BYTES
+    cache.prepare_video(video_mp4(2, frames=6, size=48), PROCESSING, num_frames=4)
+    assert len(video_decodes) == 2

@@ -9,7 +9,8 @@
 // - scores reduce over the head dim: a key row's words already are its pairs, so K is transposed
 //   to [pair][key] (16 keys a vector) and each query row's pair is broadcast;
 // - values reduce over keys: rows 2t and 2t+1 of V interleave into [t][dim] words, and each
-//   probability row, rounded to bf16, is read as pairs of keys and broadcast.
+//   probability row, rounded to bf16 as the softmax writes it (softmax_block_row_pairs in
+//   paged_attention_cpu.cpp), is read as pairs of keys and broadcast.
 // Products of bf16 values are exact in fp32, so the scores equal the fp32 path's up to summation
 // order; P is rounded to bf16 for the second product (as FlashAttention does on GPUs), while the
 // softmax, its sums and the output stay fp32.
@@ -21,8 +22,10 @@
 
 #include <c10/util/BFloat16.h>
 
+#include "f32_tiles_cpu.h"
 #include "vec_cpu.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -53,6 +56,8 @@ inline void pack_keys(const c10::BFloat16* k_buffer, const int32_t* slots, int64
   const int64_t pairs = D / 2;
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {  // 16 keys x 16 pairs at a time, transposed through registers
+    vlserve_f32::prefetch_rows(k_buffer, slots, j0 + j + 16, std::min<int64_t>(j0 + j + 32, j0 + n), slot_stride,
+                               head_offset, D);
     for (int64_t p0 = 0; p0 + 16 <= pairs; p0 += 16) {
       __m512 r[16];
       for (int i = 0; i < 16; ++i) {
@@ -81,6 +86,10 @@ inline void pack_keys(const c10::BFloat16* k_buffer, const int32_t* slots, int64
 inline void pack_values(const c10::BFloat16* v_buffer, const int32_t* slots, int64_t j0, int64_t n, int64_t n_pad,
                         int64_t slot_stride, int64_t head_offset, int64_t D, uint32_t* vp) {
   for (int64_t t = 0; 2 * t < n_pad; ++t) {
+    if (t % 8 == 0) {
+      vlserve_f32::prefetch_rows(v_buffer, slots, std::min(j0 + 2 * t + 16, j0 + n), std::min(j0 + 2 * t + 32, j0 + n),
+                                 slot_stride, head_offset, D);
+    }
     uint32_t* dst = vp + t * D;
     const int64_t a = 2 * t, b = 2 * t + 1;
     if (a >= n) {
@@ -102,10 +111,11 @@ inline void pack_values(const c10::BFloat16* v_buffer, const int32_t* slots, int
   }
 }
 
-// s[r][0..n_pad) = scale * (q row r . key) for rows 0..rows_pad-1 (multiple of kRowAlign) and keys
-// in tiles of kKeyAlign; qp [rows_pad][pairs], kp [pairs][n_pad].
-inline void scores(const uint32_t* qp, int64_t rows_pad, const uint32_t* kp, int64_t n_pad, int64_t pairs, float scale,
-                   float* s) {
+// s[r][0..n_pad) = scale * (q row r . key) for rows 0..rows_pad-1 (multiple of kRowAlign) and the
+// first n_pad keys (a multiple of kKeyAlign) in tiles of kKeyAlign; qp [rows_pad][pairs], kp
+// [pairs][k_stride] (k_stride >= n_pad: a tile of rows may need fewer keys than the block holds).
+inline void scores(const uint32_t* qp, int64_t rows_pad, const uint32_t* kp, int64_t k_stride, int64_t n_pad,
+                   int64_t pairs, float scale, float* s) {
   const __m512 sc = _mm512_set1_ps(scale);
   for (int64_t n0 = 0; n0 < n_pad; n0 += kKeyAlign) {  // the key tile stays in L1 across row tiles
     for (int64_t r0 = 0; r0 < rows_pad; r0 += kRowAlign) {
@@ -113,8 +123,8 @@ inline void scores(const uint32_t* qp, int64_t rows_pad, const uint32_t* kp, int
       for (int r = 0; r < kRowAlign; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
       const uint32_t* q = qp + r0 * pairs;
       for (int64_t p = 0; p < pairs; ++p) {
-        const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kp + p * n_pad + n0);
-        const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kp + p * n_pad + n0 + 16);
+        const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kp + p * k_stride + n0);
+        const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kp + p * k_stride + n0 + 16);
         for (int r = 0; r < kRowAlign; ++r) {
           const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r * pairs + p]));
           acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qv, k0);
@@ -129,18 +139,6 @@ inline void scores(const uint32_t* qp, int64_t rows_pad, const uint32_t* kp, int
   }
 }
 
-// Probability rows (fp32, stride n_pad) rounded to bf16 pairs of keys: pp[r][t] = (P[r][2t], P[r][2t+1]).
-inline void pack_probabilities(const float* s, int64_t rows, int64_t n_pad, uint32_t* pp) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = s + r * n_pad;
-    uint32_t* dst = pp + r * (n_pad / 2);
-    for (int64_t j = 0; j < n_pad; j += 32) {
-      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + j + 16), _mm512_loadu_ps(x + j));
-      _mm512_storeu_si512(dst + j / 2, (__m512i)h);
-    }
-  }
-}
-
 // out[r][d0 .. d0 + 16 NV) += sum over key pairs t of pp[r][t] . vp[t][d], for R rows from r0.
 template <int R, int NV>
 inline void accumulate_tile(const uint32_t* pp, const uint32_t* vp, int64_t half, int64_t D, int64_t r0, int64_t d0,
@@ -150,7 +148,11 @@ inline void accumulate_tile(const uint32_t* pp, const uint32_t* vp, int64_t half
     for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(out + (r0 + r) * D + d0 + 16 * c);
   for (int64_t t = 0; t < half; ++t) {
     __m512bh v[NV];
-    for (int c = 0; c < NV; ++c) v[c] = (__m512bh)_mm512_loadu_si512(vp + t * D + d0 + 16 * c);
+    for (int c = 0; c < NV; ++c) {
+      __m512i w = _mm512_loadu_si512(vp + t * D + d0 + 16 * c);
+      __asm__("" : "+v"(w));  // one load per vector, not one per row (see f32_tiles_cpu.h)
+      v[c] = (__m512bh)w;
+    }
     for (int r = 0; r < R; ++r) {
       const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[(r0 + r) * half + t]));
       for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], p, v[c]);

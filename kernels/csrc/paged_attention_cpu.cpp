@@ -3,7 +3,8 @@
 // Request b's new tokens q[qo_start_loc[b] : + extend_lens[b]] attend to its tokens
 // 0..seq_lens[b]-1, read through req_to_token[req_pool_indices[b]] straight from the pool (no
 // gathered copy of the request's KV). Query i of request b sits at position prefix + i
-// (prefix = seq_lens[b] - extend_lens[b]) and sees keys 0..prefix + i.
+// (prefix = seq_lens[b] - extend_lens[b]) and sees keys 0..prefix + i; with causal=false it sees all
+// seq_lens[b] keys (a vision tower's bidirectional attention, each image or frame a request).
 //
 // Work item = (request, block of up to kQueryBlock new tokens, a run of kv heads). For each kv
 // head its rows are every (query, q head) pair sharing it (GQA), so each key/value tile is loaded
@@ -37,6 +38,7 @@
 #include <torch/library.h>
 
 #include "bf16_dot_cpu.h"
+#include "f32_tiles_cpu.h"
 #include "vec_cpu.h"
 
 #include <algorithm>
@@ -96,7 +98,7 @@ inline float hmax(vf v) {
 // is clamped (e^-87 ~ 1.6e-38 is 0 next to the row max's e^0 = 1, and 2^n stays a normal float);
 // masked keys are zeroed by the caller, never left to this.
 inline vf exp_nonpositive(vf x) {
-  x = select(x < splat(-87.0f), splat(-87.0f), x);
+  x = vmax(x, splat(-87.0f));
   const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
   const vf n = (x * 1.44269504088896341f + shifter) - shifter;
   const vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
@@ -146,6 +148,7 @@ struct Problem {
   const int64_t *rows, *seq_lens, *extend_lens, *starts;
   float sm_scale;
   bool bf16_dot;  // long extends of a bf16 pool in bf16 dot products, where the CPU has them
+  bool causal;    // false: every new token sees all of its request's keys (a vision tower's frames)
 };
 
 // Per-thread buffers: the item's rows (q pre-scaled, output accumulators, softmax state), one key
@@ -379,12 +382,16 @@ inline void softmax_block_row(float* s, int64_t n, int64_t visible, float& row_m
   float block_max = -std::numeric_limits<float>::infinity();
   int64_t j = 0;
   if (visible >= kLanes) {
-    vf m = loadu(s);
-    for (j = kLanes; j + kLanes <= visible; j += kLanes) {
-      const vf x = loadu(s + j);
-      m = select(x > m, x, m);
+    vf m0 = loadu(s), m1 = m0;  // two chains of vmax
+    for (j = kLanes; j + 2 * kLanes <= visible; j += 2 * kLanes) {
+      m0 = vmax(loadu(s + j), m0);
+      m1 = vmax(loadu(s + j + kLanes), m1);
     }
-    block_max = hmax(m);
+    if (j + kLanes <= visible) {
+      m0 = vmax(loadu(s + j), m0);
+      j += kLanes;
+    }
+    block_max = hmax(vmax(m0, m1));
   }
   for (; j < visible; ++j) block_max = std::max(block_max, s[j]);
   const float new_max = std::max(row_max, block_max);
@@ -408,36 +415,157 @@ inline void softmax_block_row(float* s, int64_t n, int64_t visible, float& row_m
   }
 }
 
+// Rows per tile of run_item_bf16 and run_item_f32: a tile's scores, probabilities and output
+// (32 x 512 x 4 B, and less) stay in L1/L2 while it passes over the packed key and value block. A
+// whole item's rows at once (512 rows x 512 keys: 1 MB of scores) spilled out of L2 between the
+// two products.
+constexpr int64_t kTileRows = 32;
+
+// The rows r0 .. r0 + tile - 1 of an item see keys up to this one (exclusive) of the block that
+// starts at j0, at most n: a tile on the causal diagonal scores only what its rows see. 0: none.
+inline int64_t keys_seen(const Scratch& sc, int64_t r0, int64_t tile, int64_t j0, int64_t n) {
+  const int64_t seen = *std::max_element(sc.visible.begin() + r0, sc.visible.begin() + r0 + tile) - j0;
+  return std::max<int64_t>(0, std::min(n, seen));
+}
+
+inline int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+// The long-block paths' walk over one item: key blocks of kGemmKeyBlock from key_begin, each packed
+// once (pack(j0, n, n_pad)), and within a block the row tiles that see some of it:
+// tile(j0, n_pad, r0, rows in the tile, rows padded to RowAlign, keys seen nt, nt padded to KeyAlign).
+template <int KeyAlign, int RowAlign, typename Pack, typename Tile>
+void walk_tiles(const Scratch& sc, int64_t rows, int64_t key_begin, int64_t num_keys, const Pack& pack,
+                const Tile& tile) {
+  static_assert(kTileRows % RowAlign == 0 && kGemmKeyBlock % KeyAlign == 0, "whole scores tiles");
+  for (int64_t j0 = key_begin; j0 < num_keys; j0 += kGemmKeyBlock) {
+    const int64_t n = std::min<int64_t>(kGemmKeyBlock, num_keys - j0), n_pad = round_up(n, KeyAlign);
+    pack(j0, n, n_pad);
+    for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+      const int64_t count = std::min<int64_t>(kTileRows, rows - r0);
+      const int64_t nt = keys_seen(sc, r0, count, j0, n);
+      if (nt == 0) continue;  // no row of the tile sees this block: it would add nothing
+      tile(j0, n_pad, r0, count, round_up(count, RowAlign), nt, round_up(nt, KeyAlign));
+    }
+  }
+}
+
+#if defined(VLSERVE_F32_TILES)
+// A long extend block of one kv head in fp32 register tiles (f32_tiles_cpu.h): key block by key
+// block, and within a block row tile by row tile, with the online softmax between the products.
+template <typename T>
+void run_item_f32(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc, int64_t rows,
+                  int64_t key_begin, int64_t num_keys, const int32_t* slots) {
+  namespace ft = vlserve_f32;
+  const int64_t D = pb.head_dim, head_offset = it.kv_head * D;
+  const int64_t rows_pad = round_up(rows, ft::kRowAlign);
+  if (static_cast<int64_t>(sc.q.size()) < rows_pad * D) sc.q.resize(rows_pad * D);
+  std::fill(sc.q.begin() + rows * D, sc.q.begin() + rows_pad * D, 0.0f);  // padding rows score 0, never read back
+  sc.gemm_k.resize(D * kGemmKeyBlock);
+  sc.gemm_v.resize(kGemmKeyBlock * D);
+  sc.gemm_s.resize(kTileRows * kGemmKeyBlock);
+  const auto pack = [&](int64_t j0, int64_t n, int64_t n_pad) {
+    ft::pack_keys(k_buffer, slots, j0, n, n_pad, pb.slot_stride, head_offset, D, sc.gemm_k.data());
+    ft::pack_values(v_buffer, slots, j0, n, pb.slot_stride, head_offset, D, sc.gemm_v.data());
+  };
+  const auto tile = [&](int64_t j0, int64_t n_pad, int64_t r0, int64_t count, int64_t count_pad, int64_t nt,
+                        int64_t nt_pad) {
+    ft::scores(sc.q.data() + r0 * D, count_pad, sc.gemm_k.data(), n_pad, nt_pad, D, sc.gemm_s.data());
+    for (int64_t r = 0; r < count; ++r) {
+      softmax_block_row(sc.gemm_s.data() + r * nt_pad, nt, std::min<int64_t>(nt, sc.visible[r0 + r] - j0),
+                        sc.row_max[r0 + r], sc.row_sum[r0 + r], sc.out.data() + (r0 + r) * D, D);
+    }
+    ft::accumulate(sc.gemm_s.data(), nt_pad, sc.gemm_v.data(), count, nt, D, sc.out.data() + r0 * D);
+  };
+  walk_tiles<ft::kKeyAlign, ft::kRowAlign>(sc, rows, key_begin, num_keys, pack, tile);
+}
+#endif
+
 #if defined(VLSERVE_BF16_DOT)
+// 2^x for x <= 0, 16 lanes: x = n + r with |r| <= 1/2, 2^r by a degree-5 Taylor polynomial
+// (relative error < 3e-6, far below the bf16 rounding the probabilities get next), and 2^n applied
+// by vscalefps, which also takes a very negative n to 0 without a clamp.
+inline __m512 exp2_nonpositive(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.3333558e-3f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6181291e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504109e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022651e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314718e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// softmax_block_row for run_item_bf16, in one pass over the scores after the max: the
+// probabilities go straight out as the bf16 key pairs the second product reads (pp[0 .. n_pad / 2),
+// zero past `visible`), never stored as fp32. The max and sum stay in natural-log units, as every
+// other pass keeps them (a decode row resumes the shared pass's state).
+inline void softmax_block_row_pairs(const float* s, int64_t n_pad, int64_t visible, float& row_max, float& row_sum,
+                                    float* out, int64_t D, uint32_t* pp) {
+  if (visible <= 0) {
+    std::memset(pp, 0, n_pad / 2 * sizeof(uint32_t));
+    return;
+  }
+  const auto lanes = [&](int64_t j) -> __mmask16 {  // which of keys j .. j + 15 the row sees
+    const int64_t left = visible - j;
+    return left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+  };
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 m0 = ninf, m1 = ninf;
+  int64_t j = 0;
+  for (; j + 32 <= visible; j += 32) {
+    m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
+    m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
+  }
+  for (; j < visible; j += 16) m0 = _mm512_max_ps(m0, _mm512_mask_loadu_ps(ninf, lanes(j), s + j));
+  const float new_max = std::max(row_max, _mm512_reduce_max_ps(_mm512_max_ps(m0, m1)));
+  const float rescale = exp_nonpositive(row_max - new_max);  // row_max = -inf on the first block: 0
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), shift = _mm512_set1_ps(new_max * 1.44269504088896341f);
+  __m512 sum = _mm512_setzero_ps();
+  for (j = 0; j < n_pad; j += 32) {
+    const __m512 a = _mm512_maskz_mov_ps(lanes(j), exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), log2e, shift)));
+    const __m512 b = _mm512_maskz_mov_ps(lanes(j + 16),
+                                         exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(s + j + 16), log2e, shift)));
+    sum = _mm512_add_ps(sum, _mm512_add_ps(a, b));
+    _mm512_storeu_si512(pp + j / 2, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+  }
+  row_sum = row_sum * rescale + _mm512_reduce_add_ps(sum);
+  row_max = new_max;
+  if (rescale != 1.0f) {
+    for (int64_t d = 0; d < D; ++d) out[d] *= rescale;
+  }
+}
+
 // run_item_gemm for a bf16 pool: both products in bf16 dot products (bf16_dot_cpu.h), key block by
-// key block, the same online softmax between them.
+// key block, and within a block row tile by row tile, the same online softmax between them. A
+// tile scores only the keys its rows see (causal: a block on the diagonal is partly hidden).
 void run_item_bf16(const Item& it, const Problem& pb, const c10::BFloat16* k_buffer, const c10::BFloat16* v_buffer,
                    Scratch& sc, int64_t rows, int64_t key_begin, int64_t num_keys, const int32_t* slots) {
   namespace bd = vlserve_bf16;
-  static_assert(kGemmKeyBlock % bd::kKeyAlign == 0, "key blocks must be whole scores tiles");
   const int64_t D = pb.head_dim, pairs = D / 2, head_offset = it.kv_head * D;
-  const int64_t rows_pad = (rows + bd::kRowAlign - 1) / bd::kRowAlign * bd::kRowAlign;
+  const int64_t rows_pad = round_up(rows, bd::kRowAlign);
   sc.pair_q.assign(rows_pad * pairs, 0u);  // padding rows score 0 and are never read back
   for (int64_t r = 0; r < rows; ++r) bd::pack_row_pairs(sc.q.data() + r * D, D, pb.sm_scale, sc.pair_q.data() + r * pairs);
   sc.pair_k.resize(pairs * kGemmKeyBlock);
   sc.pair_v.resize(kGemmKeyBlock / 2 * D);
-  sc.pair_p.resize(rows * kGemmKeyBlock / 2);
-  sc.gemm_s.resize(rows_pad * kGemmKeyBlock);
-  for (int64_t j0 = key_begin; j0 < num_keys; j0 += kGemmKeyBlock) {
-    const int64_t n = std::min<int64_t>(kGemmKeyBlock, num_keys - j0);
-    const int64_t n_pad = (n + bd::kKeyAlign - 1) / bd::kKeyAlign * bd::kKeyAlign;
+  sc.pair_p.resize(kTileRows * kGemmKeyBlock / 2);
+  sc.gemm_s.resize(kTileRows * kGemmKeyBlock);
+  const auto pack = [&](int64_t j0, int64_t n, int64_t n_pad) {
     bd::pack_keys(k_buffer, slots, j0, n, n_pad, pb.slot_stride, head_offset, D, sc.pair_k.data());
     bd::pack_values(v_buffer, slots, j0, n, n_pad, pb.slot_stride, head_offset, D, sc.pair_v.data());
-    bd::scores(sc.pair_q.data(), rows_pad, sc.pair_k.data(), n_pad, pairs, pb.sm_scale, sc.gemm_s.data());
-    for (int64_t r = 0; r < rows; ++r) {
-      float* s = sc.gemm_s.data() + r * n_pad;
-      softmax_block_row(s, n, std::min<int64_t>(n, sc.visible[r] - j0), sc.row_max[r], sc.row_sum[r],
-                        sc.out.data() + r * D, D);
-      std::fill(s + n, s + n_pad, 0.0f);  // the padding keys take no weight
+  };
+  const auto tile = [&](int64_t j0, int64_t n_pad, int64_t r0, int64_t count, int64_t count_pad, int64_t nt,
+                        int64_t nt_pad) {
+    bd::scores(sc.pair_q.data() + r0 * pairs, count_pad, sc.pair_k.data(), n_pad, nt_pad, pairs, pb.sm_scale,
+               sc.gemm_s.data());
+    for (int64_t r = 0; r < count; ++r) {  // the padding keys past nt take no weight
+      softmax_block_row_pairs(sc.gemm_s.data() + r * nt_pad, nt_pad, std::min<int64_t>(nt, sc.visible[r0 + r] - j0),
+                              sc.row_max[r0 + r], sc.row_sum[r0 + r], sc.out.data() + (r0 + r) * D, D,
+                              sc.pair_p.data() + r * (nt_pad / 2));
     }
-    bd::pack_probabilities(sc.gemm_s.data(), rows, n_pad, sc.pair_p.data());
-    bd::accumulate(sc.pair_p.data(), sc.pair_v.data(), rows, n_pad, D, sc.out.data());
-  }
+    bd::accumulate(sc.pair_p.data(), sc.pair_v.data(), count, nt_pad, D, sc.out.data() + r0 * D);
+  };
+  walk_tiles<bd::kKeyAlign, bd::kRowAlign>(sc, rows, key_begin, num_keys, pack, tile);
 }
 #endif
 
@@ -470,6 +598,12 @@ void run_item_gemm(const Item& it, const Problem& pb, const T* k_buffer, const T
       run_item_bf16(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots);
       return;
     }
+  }
+#endif
+#if defined(VLSERVE_F32_TILES)
+  if (vlserve_f32::supports(pb.head_dim)) {
+    run_item_f32<T>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots);
+    return;
   }
 #endif
   const int64_t D = pb.head_dim;
@@ -559,12 +693,13 @@ void run_item(const Item& it, const Problem& pb, const T* q, const T* k_buffer, 
   const int64_t prefix = pb.seq_lens[it.req] - pb.extend_lens[it.req];
   const int64_t rows = it.count * pb.group;  // per kv head
   // Row hh * rows + r is new token it.first + r / group with q head (kv_head + hh) * group + r % group;
-  // it sits at position prefix + it.first + r / group and sees that many keys plus one.
+  // it sits at position prefix + it.first + r / group and sees that many keys plus one (causal), or
+  // all of the request's keys.
   for (int64_t row = 0; row < rows * it.heads; ++row) {
     const int64_t hh = row / rows, r = row % rows;
     const int64_t token = pb.starts[it.req] + it.first + r / pb.group;
     const int64_t head = (it.kv_head + hh) * pb.group + r % pb.group;
-    load_row<T>(pb, q, token, head, row, prefix + it.first + r / pb.group + 1, sc);
+    load_row<T>(pb, q, token, head, row, pb.causal ? prefix + it.first + r / pb.group + 1 : pb.seq_lens[it.req], sc);
     if (it.resume) {  // a decode row: keys 0..key_begin-1 were the shared pass's
       const int64_t at = it.req * pb.num_q_heads + head;
       sc.row_max[row] = states.max[at];
@@ -572,7 +707,8 @@ void run_item(const Item& it, const Problem& pb, const T* q, const T* k_buffer, 
       std::copy(states.out.data() + at * D, states.out.data() + (at + 1) * D, sc.out.data() + row * D);
     }
   }
-  const int64_t num_keys = prefix + it.first + it.count;  // what the block's last token sees
+  // what the block's last token sees
+  const int64_t num_keys = pb.causal ? prefix + it.first + it.count : pb.seq_lens[it.req];
   const int32_t* slots = pb.req_to_token + pb.rows[it.req] * pb.table_width;
   run_keys<T>(it, pb, k_buffer, v_buffer, sc, rows, it.key_begin, num_keys, slots);
   for (int64_t row = 0; row < rows * it.heads; ++row) {
@@ -766,7 +902,7 @@ struct Tables {
 void paged_attention(const at::Tensor& q_in, const at::Tensor& k_buffer, const at::Tensor& v_buffer, const at::Tensor& o,
                      const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                      const at::Tensor& seq_lens, const at::Tensor& extend_lens, const at::Tensor& qo_start_loc,
-                     double sm_scale, bool share_prefixes, bool bf16_dot) {
+                     double sm_scale, bool share_prefixes, bool bf16_dot, bool causal) {
   TORCH_CHECK(q_in.device().is_cpu(), "paged_attention_cpu runs on CPU tensors");
   TORCH_CHECK(k_buffer.is_contiguous() && v_buffer.is_contiguous() && o.is_contiguous(),
               "k_buffer, v_buffer and o must be contiguous");
@@ -789,11 +925,14 @@ void paged_attention(const at::Tensor& q_in, const at::Tensor& k_buffer, const a
   pb.slot_stride = pb.num_kv_heads * k_buffer.size(2);
   pb.sm_scale = static_cast<float>(sm_scale);
   pb.bf16_dot = bf16_dot;
+  pb.causal = causal;
   tables.point(pb);
   for (int64_t b = 0; b < batch; ++b) {
     check_request(pb, b, tables.req_to_token.size(0), q.size(0), k_buffer.size(0));
   }
-  const std::vector<SharedGroup> groups = share_prefixes ? find_shared_prefixes(pb, batch) : std::vector<SharedGroup>{};
+  // (the shared pass resumes decode rows, which see every key either way; kept to causal calls)
+  const std::vector<SharedGroup> groups =
+      share_prefixes && causal ? find_shared_prefixes(pb, batch) : std::vector<SharedGroup>{};
   const std::vector<Item> items = make_items(pb, batch, at::get_num_threads(), groups);
   if (items.empty()) return;
   switch (q.scalar_type()) {
@@ -841,7 +980,7 @@ bool has_bf16_dot() {
 TORCH_LIBRARY(vlserve_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor req_to_token, "
         "Tensor req_pool_indices, Tensor seq_lens, Tensor extend_lens, Tensor qo_start_loc, float sm_scale, "
-        "bool share_prefixes=True, bool bf16_dot=True) -> ()");
+        "bool share_prefixes=True, bool bf16_dot=True, bool causal=True) -> ()");
   m.def("has_bf16_dot() -> bool", &has_bf16_dot);
   m.def("shared_prefix_groups(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor extend_lens) "
         "-> Tensor");

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
+#if defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -28,6 +28,17 @@ typedef uint16_t vh __attribute__((vector_size(VLSERVE_LANES * 2)));
 typedef float vf4 __attribute__((vector_size(16)));
 
 inline vf splat(float x) { return vf{} + x; }
+// Lane-wise max; where a is NaN, b (as vmaxps). One instruction: a compare-and-select built from
+// masks is three, in a dependency chain when it runs along a row.
+inline vf vmax(vf a, vf b) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_max_ps((__m512)a, (__m512)b);
+#elif defined(__AVX__)
+  return (vf)_mm256_max_ps((__m256)a, (__m256)b);
+#else
+  return a > b ? a : b;
+#endif
+}
 inline vf loadu(const float* p) { vf v; std::memcpy(&v, p, sizeof(v)); return v; }
 inline void storeu(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
 

@@ -15,7 +15,7 @@ from vlserve.core.request import Req
 from vlserve.core.sampling_params import SamplingParams
 from vlserve.engine.prompt import PromptMedia, expand_image_tokens, expand_text, tokenize_text
 from vlserve.model.config import ModelConfig
-from vlserve.preprocess import MediaLimits, ProcessedImageCache, check_image_count, prepare_video
+from vlserve.preprocess import MediaLimits, ProcessedImageCache, check_image_count
 
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
@@ -31,7 +31,7 @@ class RequestBuilder:
     context_len: int
     pool_capacity: int  # KV slots in the pool: no request may need more
     compiler: ConstraintCompiler
-    image_cache: ProcessedImageCache  # the same upload again skips decode, resize and hashing
+    image_cache: ProcessedImageCache  # the same upload (image or video) again skips decode, resize and hashing
     context_note: str = ""  # why context_len is below the model's positions (a sliding window), for 400s
 
     def build(self, prompt: str | None = None, input_ids: list[int] | None = None,
@@ -75,7 +75,7 @@ class RequestBuilder:
         images = [self.image_cache.prepare_image(src, processing, self.limits) for src in image_data]
         frames_kw = ({"fps": video_fps} if video_fps is not None and video_num_frames is None
                      else {"num_frames": video_num_frames or (None if video_fps else self.video_frames), "fps": video_fps})
-        videos = [prepare_video(src, self.processing, self.limits, **frames_kw) for src in video_data]
+        videos = [self.image_cache.prepare_video(src, self.processing, self.limits, **frames_kw) for src in video_data]
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise InvalidRequest("prompt must be a string")

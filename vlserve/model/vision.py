@@ -7,6 +7,7 @@ from torch import nn
 from transformers import CLIPVisionModel, SiglipVisionModel
 from transformers.activations import ACT2FN
 
+from vlserve.model import vision_attention
 from vlserve.model.config import ModelConfig
 
 
@@ -24,14 +25,18 @@ class MultiModalProjector(nn.Module):
 
 
 def build_vision_tower(vision_hf_config) -> nn.Module:
-    """transformers' tower for the config's model_type (model/families.py has checked it is one of these)."""
+    """transformers' tower for the config's model_type (model/families.py has checked it is one of these),
+    its attention through vision_attention.py."""
     if vision_hf_config.model_type == "siglip_vision_model":
         # LLaVA reads the encoder's hidden states, never SigLIP's attention-pooling head: leave it out
         # (the loader drops its weights, SIGLIP_HEAD_PREFIX).
         vision_hf_config = copy.deepcopy(vision_hf_config)
         vision_hf_config.vision_use_head = False
-        return SiglipVisionModel(vision_hf_config)
-    return CLIPVisionModel(vision_hf_config)
+        tower = SiglipVisionModel(vision_hf_config)
+    else:
+        tower = CLIPVisionModel(vision_hf_config)
+    tower.set_attn_implementation(vision_attention.NAME)  # our CPU kernel; SDPA for everything else
+    return tower
 
 
 SIGLIP_HEAD_PREFIX = "vision.vision_tower.head."
