@@ -8,8 +8,9 @@ A second table times decode batches whose requests share prefix slots (the workl
 six questions about each of four pictures; 24 continuations of one few-shot prompt; eight
 questions about one video) with the kernel's shared-prefix pass off and on.
 
-A third times a bf16 pool's long blocks (extends, the shared pass) through fp32 BLAS on widened
-copies against bf16 dot products (AVX512_BF16; only where the build has them).
+A third times a bf16 pool's long blocks (extends, the shared pass) as fp32 products on widened
+copies (register tiles on AVX-512, BLAS elsewhere) against bf16 dot products (AVX512_BF16; only
+where the build has them).
 
     python benchmarks/cpu_attention.py --out benchmarks/results/cpu_attention.md
 """
@@ -86,8 +87,8 @@ def main():
 def bf16_dot_table(repeats: int) -> list[str]:
     if not has_bf16_dot():
         return ["", "bf16 dot products: not in this build (the CPU has no AVX512_BF16)."]
-    lines = ["", "A bf16 pool's long blocks: fp32 BLAS on widened copies vs bf16 dot products (`bf16_dot`).", "",
-             "| case | fp32 BLAS ms | bf16 dot ms | speed-up |", "| --- | --- | ---: | ---: |"]
+    lines = ["", "A bf16 pool's long blocks: fp32 products on widened copies (register tiles on AVX-512, BLAS elsewhere) vs bf16 dot products (`bf16_dot`).", "",
+             "| case | fp32 products ms | bf16 dot ms | speed-up |", "| --- | --- | ---: | ---: |"]
     for seq_lens, extend_lens in EXTEND:
         b = random_paged_batch(seq_lens, extend_lens, 16, 4, 64, torch.bfloat16, 1, seed=0)
         blas = cpu_ms(lambda: b.extend(lambda *a: extend_attention_cpu(*a, bf16_dot=False)), repeats, 2)

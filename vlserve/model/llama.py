@@ -89,7 +89,7 @@ class RotaryEmbedding(nn.Module):
         # One set of frequencies: every position's cos/sin is a row of one table, computed once up to
         # the longest position seen (doubling), and each forward only gathers its rows: the same
         # arithmetic (torch's vector and scalar cos may differ in the last bit, as between batch
-        # sizes before). Computing cos and sin per forward took ~0.2 ms a forward, 1-2% of a batch.
+        # sizes before). Computing cos and sin per forward took ~0.2 ms each, a forward.
         needed = int(positions.max()) + 1 if positions.numel() else 0
         table = self.__dict__.get("_table")
         if table is None or table[0].shape[0] < needed or table[0].dtype != dtype or table[0].device != positions.device:
