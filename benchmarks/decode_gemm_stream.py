@@ -15,23 +15,12 @@ GFLOP/s over the four linears.
 
 import argparse
 import contextlib
-import time
 
 import torch
 from torch import nn
 
 SHAPES = [(1536, 1024), (1024, 1024), (5632, 1024), (1024, 2816)]  # qkv, o, gate_up, down: (out, in)
 LAYERS = 8
-
-
-def best_ms(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
 
 
 @contextlib.contextmanager
@@ -62,6 +51,7 @@ def cpu_linears(weights: list[torch.Tensor]) -> list[nn.Module]:
 
 
 def main():
+    from vlserve.bench.timing import best_ms
     from vlserve.kernels import decode_gemm
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

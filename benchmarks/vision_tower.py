@@ -6,25 +6,15 @@ ms per batch, best of --repeats, alternating the two.
 """
 
 import argparse
-import time
 
 import torch
 
 from vlserve.bench.models import BENCH_SPEC, bench_model
 from vlserve.bench.own_thread import on_own_thread
 from vlserve.bench.report import write_report
+from vlserve.bench.timing import best_ms
 from vlserve.model import vision_attention
 from vlserve.model.loader import load_model
-
-
-def best_ms(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
 
 
 def measure(args) -> str:
