@@ -22,7 +22,6 @@
 
 #include <c10/util/BFloat16.h>
 
-#include "f32_tiles_cpu.h"
 #include "vec_cpu.h"
 
 #include <algorithm>
@@ -56,7 +55,7 @@ inline void pack_keys(const c10::BFloat16* k_buffer, const int32_t* slots, int64
   const int64_t pairs = D / 2;
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {  // 16 keys x 16 pairs at a time, transposed through registers
-    vlserve_f32::prefetch_rows(k_buffer, slots, j0 + j + 16, std::min<int64_t>(j0 + j + 32, j0 + n), slot_stride,
+    vlserve_vec::prefetch_rows(k_buffer, slots, j0 + j + 16, std::min<int64_t>(j0 + j + 32, j0 + n), slot_stride,
                                head_offset, D);
     for (int64_t p0 = 0; p0 + 16 <= pairs; p0 += 16) {
       __m512 r[16];
@@ -87,7 +86,7 @@ inline void pack_values(const c10::BFloat16* v_buffer, const int32_t* slots, int
                         int64_t slot_stride, int64_t head_offset, int64_t D, uint32_t* vp) {
   for (int64_t t = 0; 2 * t < n_pad; ++t) {
     if (t % 8 == 0) {
-      vlserve_f32::prefetch_rows(v_buffer, slots, std::min(j0 + 2 * t + 16, j0 + n), std::min(j0 + 2 * t + 32, j0 + n),
+      vlserve_vec::prefetch_rows(v_buffer, slots, std::min(j0 + 2 * t + 16, j0 + n), std::min(j0 + 2 * t + 32, j0 + n),
                                  slot_stride, head_offset, D);
     }
     uint32_t* dst = vp + t * D;

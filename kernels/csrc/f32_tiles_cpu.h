@@ -28,24 +28,14 @@ constexpr int kRowAlign = 8;   // query rows per scores tile; row counts are pad
 // Head dims this path takes: whole vectors of 16.
 inline bool supports(int64_t head_dim) { return head_dim % 16 == 0; }
 
-// Pool rows of slots[j] for j in [begin, end), one kv head's, asked for ahead of use: the slots are
-// scattered over the pool, which defeats the hardware prefetcher.
-template <typename T>
-inline void prefetch_rows(const T* buffer, const int32_t* slots, int64_t begin, int64_t end, int64_t slot_stride,
-                          int64_t head_offset, int64_t D) {
-  for (int64_t j = begin; j < end; ++j) {
-    const T* row = buffer + static_cast<int64_t>(slots[j]) * slot_stride + head_offset;
-    for (int64_t d = 0; d < D; d += 64 / sizeof(T)) __builtin_prefetch(row + d, 0, 2);
-  }
-}
-
 // Keys j0..j0+n-1 of one kv head, widened to fp32 and transposed to kt[dim][key] (row stride
 // n_pad); keys n..n_pad-1 are zero.
 template <typename T>
 inline void pack_keys(const T* k_buffer, const int32_t* slots, int64_t j0, int64_t n, int64_t n_pad, int64_t slot_stride,
                       int64_t head_offset, int64_t D, float* kt) {
   for (int64_t j = 0; j < n_pad; j += 16) {  // 16 keys x 16 dims at a time, through registers
-    prefetch_rows(k_buffer, slots, j0 + j + 16, std::min<int64_t>(j0 + j + 32, j0 + n), slot_stride, head_offset, D);
+    vlserve_vec::prefetch_rows(k_buffer, slots, j0 + j + 16, std::min<int64_t>(j0 + j + 32, j0 + n), slot_stride,
+                               head_offset, D);
     for (int64_t d0 = 0; d0 < D; d0 += 16) {
       __m512 r[16];
       for (int i = 0; i < 16; ++i) {
@@ -64,7 +54,10 @@ template <typename T>
 inline void pack_values(const T* v_buffer, const int32_t* slots, int64_t j0, int64_t n, int64_t slot_stride,
                         int64_t head_offset, int64_t D, float* vr) {
   for (int64_t j = 0; j < n; ++j) {
-    if (j % 16 == 0) prefetch_rows(v_buffer, slots, j0 + j + 16, std::min<int64_t>(j0 + j + 32, j0 + n), slot_stride, head_offset, D);
+    if (j % 16 == 0) {
+      vlserve_vec::prefetch_rows(v_buffer, slots, j0 + j + 16, std::min<int64_t>(j0 + j + 32, j0 + n), slot_stride,
+                                 head_offset, D);
+    }
     const T* src = v_buffer + static_cast<int64_t>(slots[j0 + j]) * slot_stride + head_offset;
     for (int64_t d = 0; d < D; d += 16) vlserve_vec::storeu(vr + j * D + d, vlserve_vec::load16(src + d));
   }

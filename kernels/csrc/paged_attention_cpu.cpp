@@ -180,13 +180,8 @@ void load_tile(const Problem& pb, const T* k_buffer, const T* v_buffer, const in
   // Slots are scattered over the pool, which defeats the hardware prefetcher: ask for the next
   // tile's rows now, so they arrive while this one is computed.
   const int64_t next_end = std::min<int64_t>(j0 + 2 * kKeyTile, num_keys);
-  for (int64_t j = j0 + kKeyTile; j < next_end; ++j) {
-    const int64_t base = static_cast<int64_t>(slots[j]) * pb.slot_stride + kv_head * D;
-    for (int64_t d = 0; d < D; d += 64 / sizeof(T)) {
-      __builtin_prefetch(k_buffer + base + d, 0, 2);  // into L2: a whole tile would crowd L1
-      __builtin_prefetch(v_buffer + base + d, 0, 2);
-    }
-  }
+  prefetch_rows(k_buffer, slots, j0 + kKeyTile, next_end, pb.slot_stride, kv_head * D, D);
+  prefetch_rows(v_buffer, slots, j0 + kKeyTile, next_end, pb.slot_stride, kv_head * D, D);
   for (int j = 0; j < kKeyTile; ++j) {
     float* vr = sc.v.data() + j * D;
     float* kr = sc.k.data() + j * D;

@@ -78,6 +78,17 @@ inline float hsum(vf v) {
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+// Pool rows of slots[j] for j in [begin, end), one kv head's, asked for ahead of use: the slots are
+// scattered over the pool, which defeats the hardware prefetcher.
+template <typename T>
+inline void prefetch_rows(const T* buffer, const int32_t* slots, int64_t begin, int64_t end, int64_t slot_stride,
+                          int64_t head_offset, int64_t D) {
+  for (int64_t j = begin; j < end; ++j) {
+    const T* row = buffer + static_cast<int64_t>(slots[j]) * slot_stride + head_offset;
+    for (int64_t d = 0; d < D; d += 64 / sizeof(T)) __builtin_prefetch(row + d, 0, 2);  // to L2, not L1
+  }
+}
+
 #if defined(__AVX512F__)
 // r[i][j] -> r[j][i] for a 16 x 16 block of floats: 32-bit, then 64-bit unpacks within 128-bit
 // lanes (u[4m + c] lane L: rows 4m..4m+3 of column 4L + c), then two 128-bit lane shuffles gather
