@@ -156,3 +156,42 @@ def test_videos_and_images_share_one_byte_budget(video_decodes):
     assert len(cache) == 2 and cache.num_bytes == 2 * ENTRY_BYTES
     cache.prepare_video(video_mp4(2, frames=6, size=48), PROCESSING, num_frames=4)
     assert len(video_decodes) == 2
+
+
+def test_a_video_sampled_by_fps_is_keyed_by_its_fps(video_decodes):
+    cache = ProcessedImageCache()
+    clip = video_mp4(3, frames=8, size=48)  # 2 s at 4 fps
+    two = cache.prepare_video(clip, PROCESSING, fps=2.0)
+    one = cache.prepare_video(clip, PROCESSING, fps=1.0)
+    assert (len(two), len(one)) == (4, 2) and len(video_decodes) == 2
+    assert len(cache.prepare_video(clip, PROCESSING, fps=2.0)) == 4 and len(video_decodes) == 2
+
+
+def test_an_oversized_video_is_refused_by_name_before_any_decode(video_decodes):
+    with pytest.raises(MediaError, match="video has .* over the limit video_max_bytes"):
+        ProcessedImageCache().prepare_video(video_mp4(4, frames=8, size=48), PROCESSING,
+                                            MediaLimits(video_max_bytes=100), num_frames=4)
+    assert video_decodes == []
+
+
+def test_an_entry_the_size_of_the_budget_is_kept_and_a_replaced_entry_counted_once():
+    cache = ProcessedImageCache(max_bytes=ENTRY_BYTES)
+    image = cache.prepare_image(png(50), PROCESSING)
+    assert len(cache) == 1 and cache.num_bytes == ENTRY_BYTES
+    key = next(iter(cache._entries))
+    cache.put(key, image)  # two threads that missed on the same bytes both put
+    assert len(cache) == 1 and cache.num_bytes == ENTRY_BYTES
+
+
+def test_oversized_images_are_refused_by_name_bytes_or_pixels():
+    cache = ProcessedImageCache()
+    with pytest.raises(MediaError, match="image has .* over the limit max_image_bytes"):
+        cache.prepare_image(png(51), PROCESSING, MediaLimits(max_image_bytes=100))
+    with pytest.raises(MediaError, match="max_image_pixels"):  # a PIL image is not cached, but still checked
+        cache.prepare_image(Image.open(io.BytesIO(png(52))), PROCESSING, MediaLimits(max_image_pixels=100))
+    assert len(cache) == 0
+
+
+def test_a_negative_budget_is_refused_by_name():
+    with pytest.raises(ValueError, match="max_bytes must be >= 0, got -1"):
+        ProcessedImageCache(max_bytes=-1)
