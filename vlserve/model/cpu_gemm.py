@@ -23,7 +23,9 @@ state dicts, tied embeddings and the small-row kernel read it); the copy is rebu
 is replaced or changed in place.
 Decode rows there (8-64) go to our own kernel instead (kernels/decode_gemm.py: FMA for fp32,
 vdpbf16ps for bf16, on a second packed copy of the weight): oneDNN's inner product ran those rows at
-60-70% of its prefill rate, ours at 80-90% (1.1-1.4x; "Tenth pass" in RESULTS.md).
+60-70% of its prefill rate, ours at 80-90% (1.1-1.4x; "Tenth pass" in RESULTS.md). Where the CPU has
+AMX (Intel Xeons from Sapphire Rapids), oneDNN's bf16 GEMM runs on the tile unit at several times
+vdpbf16ps's rate, so bf16 keeps only 1-4 rows on our kernel (AMX_BF16_DECODE_ROWS; "Thirteenth pass").
 On AVX2 the same kernel, in 8-float vectors (bf16 widened in registers), takes fp32 rows 8-128 and
 bf16 rows 1-128 from the small-row kernel and oneDNN: on a Zen 3 EPYC, two threads, the decode
 step's weights streamed, fp32 1.3-1.5x the better of the two from 16 to 128 rows and bf16 1.3-2.2x
@@ -63,12 +65,28 @@ PACK_HINT_ROWS = 32  # the batch size oneDNN picks the blocked layout for (1-204
 # of its prefill rate; on AVX2 (no packed path, no native bf16) up to where oneDNN catches up.
 DECODE_GEMM_ROWS = {512: {torch.float32: range(8, 65), torch.bfloat16: range(8, 65)},
                     256: {torch.float32: range(8, 129), torch.bfloat16: range(1, 129)}}
+# With AMX (Intel Sapphire Rapids and later) oneDNN's bf16 tiles outrun vdpbf16ps from 5 rows up
+# (1.6x at 8 rows, 5x at 32 on a Xeon, two threads, weights streamed); below that our kernel still
+# reads the weight faster. fp32 has no AMX path and keeps the AVX-512 rows.
+AMX_BF16_DECODE_ROWS = range(1, 5)
 
 
 @functools.cache
 def native_bf16() -> bool:
     """Whether oneDNN has bf16 GEMM kernels on this CPU (AVX512_BF16, AVX512-BW or AMX)."""
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+@functools.cache
+def amx_bf16() -> bool:
+    """Whether the CPU has AMX tiles for bf16 (and the kernel lets programs use them: Linux lists the
+    flag only then)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return {"amx_bf16", "amx_tile"} <= set(flags.split())
 
 
 @functools.cache
@@ -87,6 +105,8 @@ def decode_gemm_rows(dtype: torch.dtype) -> range:
     """The row counts of `dtype` that take kernels/decode_gemm.py on this CPU (empty: none)."""
     if not torch.backends.mkldnn.is_available() or decode_gemm.decode_gemm_op(dtype) is None:
         return range(0)
+    if dtype == torch.bfloat16 and amx_bf16() and native_bf16():
+        return AMX_BF16_DECODE_ROWS
     return DECODE_GEMM_ROWS.get(decode_gemm.vector_bits(), {}).get(dtype, range(0))
 
 
