@@ -10,7 +10,7 @@ questions about one video) with the kernel's shared-prefix pass off and on.
 
 A third times a bf16 pool's long blocks (extends, the shared pass) as fp32 products on widened
 copies (register tiles on AVX-512, BLAS elsewhere) against bf16 dot products (AVX512_BF16; only
-where the build has them).
+where the build has them), in vdpbf16ps and, where the CPU has AMX, on the tile unit.
 
     python benchmarks/cpu_attention.py --out benchmarks/results/cpu_attention.md
 """
@@ -23,7 +23,7 @@ import torch
 
 from vlserve.bench.report import write_report
 from vlserve.kernels import decode_attention_cpu, decode_attention_ref, extend_attention_cpu, extend_attention_ref
-from vlserve.kernels.cpu_attention import has_bf16_dot
+from vlserve.kernels.cpu_attention import has_amx, has_bf16_dot
 from vlserve.kernels.paged_batch import random_paged_batch, share_prefixes
 
 DECODE = [(1, 300), (8, 300), (32, 300), (32, 1000)]  # (batch, context)
@@ -87,21 +87,29 @@ def main():
 def bf16_dot_table(repeats: int) -> list[str]:
     if not has_bf16_dot():
         return ["", "bf16 dot products: not in this build (the CPU has no AVX512_BF16)."]
-    lines = ["", "A bf16 pool's long blocks: fp32 products on widened copies (register tiles on AVX-512, BLAS elsewhere) vs bf16 dot products (`bf16_dot`).", "",
-             "| case | fp32 products ms | bf16 dot ms | speed-up |", "| --- | --- | ---: | ---: |"]
+    amx = has_amx()
+    lines = ["", "A bf16 pool's long blocks: fp32 products on widened copies (register tiles on AVX-512, BLAS "
+             "elsewhere) vs bf16 dot products (`bf16_dot`): vdpbf16ps, and AMX tiles where the CPU has them "
+             f"({'here: yes' if amx else 'not here'}).", "",
+             "| case | fp32 products ms | vdpbf16ps ms | AMX ms | vdpbf16ps / fp32 | AMX / vdpbf16ps |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+
+    def row(case: str, run) -> str:
+        blas = cpu_ms(lambda: run(bf16_dot=False), repeats, 2)
+        dot = cpu_ms(lambda: run(amx=False), repeats, 2)
+        tiles = cpu_ms(lambda: run(), repeats, 2) if amx else float("nan")
+        return (f"| {case} | {blas:.2f} | {dot:.2f} | {tiles:.2f} | {blas / dot:.2f}x | "
+                f"{dot / tiles:.2f}x |" if amx else f"| {case} | {blas:.2f} | {dot:.2f} | — | {blas / dot:.2f}x | — |")
+
     for seq_lens, extend_lens in EXTEND:
         b = random_paged_batch(seq_lens, extend_lens, 16, 4, 64, torch.bfloat16, 1, seed=0)
-        blas = cpu_ms(lambda: b.extend(lambda *a: extend_attention_cpu(*a, bf16_dot=False)), repeats, 2)
-        dot = cpu_ms(lambda: b.extend(extend_attention_cpu), repeats, 2)
-        lines.append(f"| extend {len(seq_lens)} x {extend_lens[0]} new of {seq_lens[0]} | {blas:.2f} | {dot:.2f} | "
-                     f"{blas / dot:.2f}x |")
+        lines.append(row(f"extend {len(seq_lens)} x {extend_lens[0]} new of {seq_lens[0]}",
+                         lambda b=b, **kw: b.extend(lambda *a: extend_attention_cpu(*a, **kw))))
     for name, batch, members, shared, context in SHARED:
         b = random_paged_batch([context] * batch, None, 16, 4, 64, torch.bfloat16, 1, seed=0)
         share_prefixes(b, [(list(range(g, g + members)), shared) for g in range(0, batch, members)])
-        blas = cpu_ms(lambda: b.decode(lambda *a: decode_attention_cpu(*a, bf16_dot=False)), repeats, 5)
-        dot = cpu_ms(lambda: b.decode(decode_attention_cpu), repeats, 5)
-        lines.append(f"| decode {batch} x {context}, {name} ({shared} shared) | {blas:.2f} | {dot:.2f} | "
-                     f"{blas / dot:.2f}x |")
+        lines.append(row(f"decode {batch} x {context}, {name} ({shared} shared)",
+                         lambda b=b, **kw: b.decode(lambda *a: decode_attention_cpu(*a, **kw))))
     return lines
 
 

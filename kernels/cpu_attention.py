@@ -108,13 +108,15 @@ def cpu_attention_error() -> str | None:
 
 
 def decode_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, sm_scale,
-                         num_kv_splits=None, share_prefixes: bool = True, bf16_dot: bool = True) -> None:
+                         num_kv_splits=None, share_prefixes: bool = True, bf16_dot: bool = True,
+                         amx: bool = True) -> None:
     """o[b] = attention of q[b] over tokens 0..seq_lens[b]-1 of request req_pool_indices[b].
 
     Requests whose tables begin with the same slots (a prefix the radix cache shares) read those keys
     once for the group (see the kernel's header); share_prefixes=False reads them per request, for
     measuring what that saves. bf16_dot=False keeps a bf16 pool's big blocks on fp32 BLAS instead
-    of bf16 dot products (has_bf16_dot), for the same purpose."""
+    of bf16 dot products (has_bf16_dot), for the same purpose; amx=False keeps them on vdpbf16ps
+    where the CPU has AMX tiles (has_amx)."""
     op = cpu_attention_op() if q.is_cpu else None  # the kernel is CPU-only; elsewhere the references run
     if op is None:
         return decode_attention_ref(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, sm_scale)
@@ -122,7 +124,7 @@ def decode_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indice
     batch = q.shape[0]
     ones = torch.ones(batch, dtype=torch.int64)
     op(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, ones, torch.arange(batch), sm_scale,
-       share_prefixes, bf16_dot)
+       share_prefixes, bf16_dot, True, amx)
 
 
 def has_bf16_dot() -> bool:
@@ -130,6 +132,14 @@ def has_bf16_dot() -> bool:
     if cpu_attention_op() is None:
         raise RuntimeError(f"the CPU attention kernel is unavailable: {cpu_attention_error()}")
     return torch.ops.vlserve_cpu.has_bf16_dot()
+
+
+def has_amx() -> bool:
+    """Whether the built kernel runs those bf16 blocks on AMX tiles (an Intel Xeon from Sapphire Rapids
+    on, and an OS that grants the tile state)."""
+    if cpu_attention_op() is None:
+        raise RuntimeError(f"the CPU attention kernel is unavailable: {cpu_attention_error()}")
+    return torch.ops.vlserve_cpu.has_amx()
 
 
 def shared_prefix_groups(req_to_token, req_pool_indices, seq_lens, extend_lens=None) -> torch.Tensor:
@@ -144,7 +154,8 @@ def shared_prefix_groups(req_to_token, req_pool_indices, seq_lens, extend_lens=N
 
 
 def extend_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens,
-                         qo_start_loc, sm_scale, bf16_dot: bool = True, causal: bool = True) -> None:
+                         qo_start_loc, sm_scale, bf16_dot: bool = True, causal: bool = True,
+                         amx: bool = True) -> None:
     """Request b's new tokens q[qo_start_loc[b] : + extend_lens[b]] attend to its cached prefix and
     causally to themselves (causal=False: to all of its seq_lens[b] keys)."""
     op = cpu_attention_op() if q.is_cpu else None
@@ -154,4 +165,4 @@ def extend_attention_cpu(q, k_buffer, v_buffer, o, req_to_token, req_pool_indice
     check_extend_args(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens,
                       qo_start_loc)
     op(q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start_loc, sm_scale,
-       True, bf16_dot, causal)
+       True, bf16_dot, causal, amx)

@@ -15,7 +15,7 @@ import torch
 
 from vlserve.kernels import cpu_attention
 from vlserve.kernels.cpu_attention import (
-    cpu_attention_op, decode_attention_cpu, extend_attention_cpu, has_bf16_dot, shared_prefix_groups,
+    cpu_attention_op, decode_attention_cpu, extend_attention_cpu, has_amx, has_bf16_dot, shared_prefix_groups,
 )
 from vlserve.kernels.paged_batch import random_paged_batch, share_prefixes
 from vlserve.kernels.reference import decode_attention_ref, extend_attention_ref
@@ -194,15 +194,25 @@ def test_low_precision_matches_reference(dtype):
     assert rel_err(decode.decode(decode_attention_cpu), decode.decode(decode_attention_ref)) < TOLERANCE[dtype]
 
 
-def cpu_has_avx512_bf16() -> bool:
+def cpu_flags() -> set[str]:
     with open("/proc/cpuinfo") as f:
-        return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+        return set(next(line for line in f if line.startswith("flags")).split())
+
+
+def cpu_has_avx512_bf16() -> bool:
+    return "avx512_bf16" in cpu_flags()
 
 
 def test_bf16_dot_path_is_built_where_the_cpu_has_it():
     # Built with -march=native: on a CPU with AVX512_BF16 the bf16 path must be there (else every
     # bf16 test below would only test the fp32 BLAS path twice).
     assert has_bf16_dot() == cpu_has_avx512_bf16()
+
+
+def test_amx_path_is_built_where_the_cpu_has_it():
+    # Likewise the AMX tiles on a CPU whose flags (listed by Linux only where it grants the tile
+    # state) say AMX-BF16: without them the tests below would compare vdpbf16ps with itself.
+    assert has_amx() == ({"amx_bf16", "amx_tile"} <= cpu_flags() and cpu_has_avx512_bf16())
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 48, 24])  # 24: not whole vectors, the fp32 BLAS path
@@ -220,12 +230,16 @@ def test_bf16_dot_long_extend_matches_reference(head_dim, threads):
     batch.k_buffer[unused] = float("nan")  # a padding key or a slot past a length read would show
     batch.v_buffer[unused] = float("nan")
     ref = batch.extend(extend_attention_ref)
-    dot = batch.extend(extend_attention_cpu)
+    dot = batch.extend(extend_attention_cpu)  # AMX tiles where the CPU has them (has_amx)
+    vdp = batch.extend(lambda *a: extend_attention_cpu(*a, amx=False))
     fp32 = batch.extend(lambda *a: extend_attention_cpu(*a, bf16_dot=False))
-    assert torch.isfinite(dot).all()
-    assert rel_err(dot, ref) < TOLERANCE[torch.bfloat16]
+    assert torch.isfinite(dot).all() and torch.isfinite(vdp).all()
+    assert rel_err(dot, ref) < TOLERANCE[torch.bfloat16] and rel_err(vdp, ref) < TOLERANCE[torch.bfloat16]
     assert rel_err(fp32, ref) < TOLERANCE[torch.bfloat16]
-    assert l2_err(dot, ref) < 4e-3 and l2_err(fp32, ref) < 2e-4
+    assert l2_err(dot, ref) < 4e-3 and l2_err(vdp, ref) < 4e-3 and l2_err(fp32, ref) < 2e-4
+    # the two bf16 paths round the same probabilities: they differ by summation order (and where a
+    # probability's rounding flips), far less than either differs from the reference
+    assert l2_err(dot, vdp) < 1e-3
 
 
 def test_bf16_dot_shared_prefix_decode_matches_reference():
@@ -233,6 +247,7 @@ def test_bf16_dot_shared_prefix_decode_matches_reference():
     batch = shared_decode_batch((8, 2), 64, torch.bfloat16, 16, seed=9)
     ref = batch.decode(decode_attention_ref)
     assert rel_err(batch.decode(decode_attention_cpu), ref) < TOLERANCE[torch.bfloat16]
+    assert rel_err(batch.decode(lambda *a: decode_attention_cpu(*a, amx=False)), ref) < TOLERANCE[torch.bfloat16]
     assert rel_err(batch.decode(lambda *a: decode_attention_cpu(*a, bf16_dot=False)), ref) < TOLERANCE[torch.bfloat16]
 
 

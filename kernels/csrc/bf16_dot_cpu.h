@@ -14,6 +14,11 @@
 // Products of bf16 values are exact in fp32, so the scores equal the fp32 path's up to summation
 // order; P is rounded to bf16 for the second product (as FlashAttention does on GPUs), while the
 // softmax, its sums and the output stay fp32.
+//
+// With AMX (Intel Xeons from Sapphire Rapids) both products run on the tile unit instead
+// (namespace amx below): the pair layouts above are exactly what TDPBF16PS reads — Q's rows as the
+// A tile, the transposed keys' [pair][key] words and the values' [key pair][dim] words as B tiles —
+// so only the products change, 16 rows x 16 columns x 32 bf16 per instruction.
 #pragma once
 
 #if defined(__AVX512BF16__)
@@ -27,6 +32,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace vlserve_bf16 {
 
@@ -180,6 +190,121 @@ inline void accumulate(const uint32_t* pp, const uint32_t* vp, int64_t rows, int
   for (; r0 + 4 <= rows; r0 += 4) accumulate_rows<4>(pp, vp, half, D, r0, out);
   for (; r0 < rows; ++r0) accumulate_rows<1>(pp, vp, half, D, r0, out);
 }
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define VLSERVE_AMX 1
+namespace amx {
+
+constexpr int kRowAlign = 16;  // a tile's rows: row counts are padded to this
+
+// Head dims the tile path takes: whole A tiles of 16 pairs along the head dim.
+inline bool supports(int64_t head_dim) { return head_dim % 32 == 0 && head_dim <= kMaxHeadDim; }
+
+// Linux gives a process the tile registers' state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM
+// for XTILEDATA); asked once per process. False: the kernel refused (or predates AMX), use vdpbf16ps.
+inline bool usable() {
+  static const bool granted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+
+// Tiles 0-7 all 16 rows x 64 bytes, configured for the scope of one item and released after (a
+// released thread costs the OS nothing to save on a context switch). Other code on the thread
+// (oneDNN) loads its own configuration, so every scope loads ours again.
+class Scope {
+ public:
+  Scope() {
+    alignas(64) uint8_t config[64] = {};
+    config[0] = 1;  // palette 1
+    for (int t = 0; t < 8; ++t) {
+      config[16 + 2 * t] = 64;  // colsb[t] (uint16, little-endian)
+      config[48 + t] = 16;      // rows[t]
+    }
+    _tile_loadconfig(config);
+  }
+  ~Scope() { _tile_release(); }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+};
+
+// s[r][0..n_pad) = q row r . key, unscaled (the softmax applies the scale), for rows_pad rows (a
+// multiple of 16) and n_pad keys (a multiple of kKeyAlign): per 16 rows x 32 keys, two C tiles
+// (tmm0-1) over the head dim's 16-pair steps, A = Q (tmm4), B = two 16-key slices of K^T (tmm6-7).
+inline void scores(const uint32_t* qp, int64_t rows_pad, const uint32_t* kp, int64_t k_stride, int64_t n_pad,
+                   int64_t pairs, float* s) {
+  for (int64_t r0 = 0; r0 < rows_pad; r0 += 16) {
+    for (int64_t n0 = 0; n0 < n_pad; n0 += kKeyAlign) {
+      _tile_zero(0);
+      _tile_zero(1);
+      for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+        _tile_loadd(4, qp + r0 * pairs + p0, pairs * 4);
+        _tile_loadd(6, kp + p0 * k_stride + n0, k_stride * 4);
+        _tile_loadd(7, kp + p0 * k_stride + n0 + 16, k_stride * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+      _tile_stored(0, s + r0 * n_pad + n0, n_pad * 4);
+      _tile_stored(1, s + r0 * n_pad + n0 + 16, n_pad * 4);
+    }
+  }
+}
+
+// out[r0 .. r0 + 16)[d0 .. d0 + 16 NC) += P V: C tiles tmm0.. (NC <= 4) kept over every key pair
+// step, A = 16 probability rows x 16 key pairs (tmm4), B = the values' step (tmm5-7 in turn).
+template <int NC>
+inline void accumulate_tiles(const uint32_t* pp, const uint32_t* vp, int64_t half, int64_t D, int64_t r0, int64_t d0,
+                             float* out) {
+  float* c = out + r0 * D + d0;
+  const int64_t cs = D * 4;
+  _tile_loadd(0, c, cs);
+  if constexpr (NC > 1) _tile_loadd(1, c + 16, cs);
+  if constexpr (NC > 2) _tile_loadd(2, c + 32, cs);
+  if constexpr (NC > 3) _tile_loadd(3, c + 48, cs);
+  for (int64_t t0 = 0; t0 < half; t0 += 16) {
+    const uint32_t* b = vp + t0 * D + d0;
+    _tile_loadd(4, pp + r0 * half + t0, half * 4);
+    _tile_loadd(5, b, cs);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (NC > 1) {
+      _tile_loadd(6, b + 16, cs);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if constexpr (NC > 2) {
+      _tile_loadd(7, b + 32, cs);
+      _tile_dpbf16ps(2, 4, 7);
+    }
+    if constexpr (NC > 3) {
+      _tile_loadd(5, b + 48, cs);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  _tile_stored(0, c, cs);
+  if constexpr (NC > 1) _tile_stored(1, c + 16, cs);
+  if constexpr (NC > 2) _tile_stored(2, c + 32, cs);
+  if constexpr (NC > 3) _tile_stored(3, c + 48, cs);
+}
+
+// out[r] += P[r] V for rows 0..rows_pad-1 (a multiple of 16: the rows past the real ones are the
+// scratch's padding, never read back); pp [rows_pad][n_pad / 2], vp [n_pad / 2][D], D % 16 == 0.
+inline void accumulate(const uint32_t* pp, const uint32_t* vp, int64_t rows_pad, int64_t n_pad, int64_t D,
+                       float* out) {
+  const int64_t half = n_pad / 2;
+  for (int64_t r0 = 0; r0 < rows_pad; r0 += 16) {
+    int64_t d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) accumulate_tiles<4>(pp, vp, half, D, r0, d0, out);
+    switch ((D - d0) / 16) {
+      case 3: accumulate_tiles<3>(pp, vp, half, D, r0, d0, out); break;
+      case 2: accumulate_tiles<2>(pp, vp, half, D, r0, d0, out); break;
+      case 1: accumulate_tiles<1>(pp, vp, half, D, r0, d0, out); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace amx
+#endif  // AMX
 
 }  // namespace vlserve_bf16
 

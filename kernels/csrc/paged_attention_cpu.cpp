@@ -44,6 +44,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <optional>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -148,6 +149,7 @@ struct Problem {
   const int64_t *rows, *seq_lens, *extend_lens, *starts;
   float sm_scale;
   bool bf16_dot;  // long extends of a bf16 pool in bf16 dot products, where the CPU has them
+  bool amx;       // ... and those on AMX tiles, where the CPU has them and the OS grants them
   bool causal;    // false: every new token sees all of its request's keys (a vision tower's frames)
 };
 
@@ -494,9 +496,10 @@ inline __m512 exp2_nonpositive(__m512 x) {
 // softmax_block_row for run_item_bf16, in one pass over the scores after the max: the
 // probabilities go straight out as the bf16 key pairs the second product reads (pp[0 .. n_pad / 2),
 // zero past `visible`), never stored as fp32. The max and sum stay in natural-log units, as every
-// other pass keeps them (a decode row resumes the shared pass's state).
-inline void softmax_block_row_pairs(const float* s, int64_t n_pad, int64_t visible, float& row_max, float& row_sum,
-                                    float* out, int64_t D, uint32_t* pp) {
+// other pass keeps them (a decode row resumes the shared pass's state). The scores are scaled by
+// s_scale here (the AMX products leave them unscaled; the vdpbf16ps ones pass 1).
+inline void softmax_block_row_pairs(const float* s, float s_scale, int64_t n_pad, int64_t visible, float& row_max,
+                                    float& row_sum, float* out, int64_t D, uint32_t* pp) {
   if (visible <= 0) {
     std::memset(pp, 0, n_pad / 2 * sizeof(uint32_t));
     return;
@@ -513,9 +516,10 @@ inline void softmax_block_row_pairs(const float* s, int64_t n_pad, int64_t visib
     m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
   }
   for (; j < visible; j += 16) m0 = _mm512_max_ps(m0, _mm512_mask_loadu_ps(ninf, lanes(j), s + j));
-  const float new_max = std::max(row_max, _mm512_reduce_max_ps(_mm512_max_ps(m0, m1)));
+  const float new_max = std::max(row_max, s_scale * _mm512_reduce_max_ps(_mm512_max_ps(m0, m1)));
   const float rescale = exp_nonpositive(row_max - new_max);  // row_max = -inf on the first block: 0
-  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), shift = _mm512_set1_ps(new_max * 1.44269504088896341f);
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f * s_scale);
+  const __m512 shift = _mm512_set1_ps(new_max * 1.44269504088896341f);
   __m512 sum = _mm512_setzero_ps();
   for (j = 0; j < n_pad; j += 32) {
     const __m512 a = _mm512_maskz_mov_ps(lanes(j), exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), log2e, shift)));
@@ -534,13 +538,22 @@ inline void softmax_block_row_pairs(const float* s, int64_t n_pad, int64_t visib
 // run_item_gemm for a bf16 pool: both products in bf16 dot products (bf16_dot_cpu.h), key block by
 // key block, and within a block row tile by row tile, the same online softmax between them. A
 // tile scores only the keys its rows see (causal: a block on the diagonal is partly hidden).
+// RowAlign: 16 on the AMX tiles (Amx), 8 in vdpbf16ps.
+template <bool Amx>
 void run_item_bf16(const Item& it, const Problem& pb, const c10::BFloat16* k_buffer, const c10::BFloat16* v_buffer,
                    Scratch& sc, int64_t rows, int64_t key_begin, int64_t num_keys, const int32_t* slots) {
   namespace bd = vlserve_bf16;
+#if defined(VLSERVE_AMX)
+  constexpr int kRowAlign = Amx ? bd::amx::kRowAlign : bd::kRowAlign;
+#else
+  static_assert(!Amx, "built without AMX");
+  constexpr int kRowAlign = bd::kRowAlign;
+#endif
   const int64_t D = pb.head_dim, pairs = D / 2, head_offset = it.kv_head * D;
-  const int64_t rows_pad = round_up(rows, bd::kRowAlign);
+  const int64_t rows_pad = round_up(rows, kRowAlign);
   sc.pair_q.assign(rows_pad * pairs, 0u);  // padding rows score 0 and are never read back
   for (int64_t r = 0; r < rows; ++r) bd::pack_row_pairs(sc.q.data() + r * D, D, pb.sm_scale, sc.pair_q.data() + r * pairs);
+  if (static_cast<int64_t>(sc.out.size()) < rows_pad * D) sc.out.resize(rows_pad * D);  // AMX: whole 16-row tiles
   sc.pair_k.resize(pairs * kGemmKeyBlock);
   sc.pair_v.resize(kGemmKeyBlock / 2 * D);
   sc.pair_p.resize(kTileRows * kGemmKeyBlock / 2);
@@ -551,16 +564,33 @@ void run_item_bf16(const Item& it, const Problem& pb, const c10::BFloat16* k_buf
   };
   const auto tile = [&](int64_t j0, int64_t n_pad, int64_t r0, int64_t count, int64_t count_pad, int64_t nt,
                         int64_t nt_pad) {
-    bd::scores(sc.pair_q.data() + r0 * pairs, count_pad, sc.pair_k.data(), n_pad, nt_pad, pairs, pb.sm_scale,
-               sc.gemm_s.data());
-    for (int64_t r = 0; r < count; ++r) {  // the padding keys past nt take no weight
-      softmax_block_row_pairs(sc.gemm_s.data() + r * nt_pad, nt_pad, std::min<int64_t>(nt, sc.visible[r0 + r] - j0),
-                              sc.row_max[r0 + r], sc.row_sum[r0 + r], sc.out.data() + (r0 + r) * D, D,
-                              sc.pair_p.data() + r * (nt_pad / 2));
+    float s_scale = 1.0f;
+#if defined(VLSERVE_AMX)
+    if constexpr (Amx) {
+      bd::amx::scores(sc.pair_q.data() + r0 * pairs, count_pad, sc.pair_k.data(), n_pad, nt_pad, pairs,
+                      sc.gemm_s.data());
+      s_scale = pb.sm_scale;
     }
-    bd::accumulate(sc.pair_p.data(), sc.pair_v.data(), count, nt_pad, D, sc.out.data() + r0 * D);
+#endif
+    if constexpr (!Amx) {
+      bd::scores(sc.pair_q.data() + r0 * pairs, count_pad, sc.pair_k.data(), n_pad, nt_pad, pairs, pb.sm_scale,
+                 sc.gemm_s.data());
+    }
+    for (int64_t r = 0; r < count; ++r) {  // the padding keys past nt take no weight
+      softmax_block_row_pairs(sc.gemm_s.data() + r * nt_pad, s_scale, nt_pad,
+                              std::min<int64_t>(nt, sc.visible[r0 + r] - j0), sc.row_max[r0 + r], sc.row_sum[r0 + r],
+                              sc.out.data() + (r0 + r) * D, D, sc.pair_p.data() + r * (nt_pad / 2));
+    }
+#if defined(VLSERVE_AMX)
+    if constexpr (Amx) bd::amx::accumulate(sc.pair_p.data(), sc.pair_v.data(), count_pad, nt_pad, D, sc.out.data() + r0 * D);
+#endif
+    if constexpr (!Amx) bd::accumulate(sc.pair_p.data(), sc.pair_v.data(), count, nt_pad, D, sc.out.data() + r0 * D);
   };
-  walk_tiles<bd::kKeyAlign, bd::kRowAlign>(sc, rows, key_begin, num_keys, pack, tile);
+#if defined(VLSERVE_AMX)
+  std::optional<bd::amx::Scope> tiles;
+  if constexpr (Amx) tiles.emplace();
+#endif
+  walk_tiles<bd::kKeyAlign, kRowAlign>(sc, rows, key_begin, num_keys, pack, tile);
 }
 #endif
 
@@ -589,8 +619,14 @@ void run_item_gemm(const Item& it, const Problem& pb, const T* k_buffer, const T
                    int64_t rows, int64_t key_begin, int64_t num_keys, const int32_t* slots) {
 #if defined(VLSERVE_BF16_DOT)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
+#if defined(VLSERVE_AMX)
+    if (pb.bf16_dot && pb.amx && vlserve_bf16::amx::supports(pb.head_dim) && vlserve_bf16::amx::usable()) {
+      run_item_bf16<true>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots);
+      return;
+    }
+#endif
     if (pb.bf16_dot && vlserve_bf16::supports(pb.head_dim)) {
-      run_item_bf16(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots);
+      run_item_bf16<false>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots);
       return;
     }
   }
@@ -897,7 +933,7 @@ struct Tables {
 void paged_attention(const at::Tensor& q_in, const at::Tensor& k_buffer, const at::Tensor& v_buffer, const at::Tensor& o,
                      const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                      const at::Tensor& seq_lens, const at::Tensor& extend_lens, const at::Tensor& qo_start_loc,
-                     double sm_scale, bool share_prefixes, bool bf16_dot, bool causal) {
+                     double sm_scale, bool share_prefixes, bool bf16_dot, bool causal, bool amx) {
   TORCH_CHECK(q_in.device().is_cpu(), "paged_attention_cpu runs on CPU tensors");
   TORCH_CHECK(k_buffer.is_contiguous() && v_buffer.is_contiguous() && o.is_contiguous(),
               "k_buffer, v_buffer and o must be contiguous");
@@ -920,6 +956,7 @@ void paged_attention(const at::Tensor& q_in, const at::Tensor& k_buffer, const a
   pb.slot_stride = pb.num_kv_heads * k_buffer.size(2);
   pb.sm_scale = static_cast<float>(sm_scale);
   pb.bf16_dot = bf16_dot;
+  pb.amx = amx;
   pb.causal = causal;
   tables.point(pb);
   for (int64_t b = 0; b < batch; ++b) {
@@ -970,13 +1007,24 @@ bool has_bf16_dot() {
 #endif
 }
 
+// Whether this build's bf16 path runs on AMX tiles here (compiled for a CPU with AMX-BF16, and the
+// OS lets the process use them).
+bool has_amx() {
+#if defined(VLSERVE_AMX)
+  return vlserve_bf16::amx::usable();
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(vlserve_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor req_to_token, "
         "Tensor req_pool_indices, Tensor seq_lens, Tensor extend_lens, Tensor qo_start_loc, float sm_scale, "
-        "bool share_prefixes=True, bool bf16_dot=True, bool causal=True) -> ()");
+        "bool share_prefixes=True, bool bf16_dot=True, bool causal=True, bool amx=True) -> ()");
   m.def("has_bf16_dot() -> bool", &has_bf16_dot);
+  m.def("has_amx() -> bool", &has_amx);
   m.def("shared_prefix_groups(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor extend_lens) "
         "-> Tensor");
 }
