@@ -19,7 +19,9 @@
 // blocks: 24 accumulators of 32 registers; AVX2 6 x 1 block of two 8-float vectors: 12 of 16, and
 // in bf16 4 x 1). K runs in chunks of kChunkSteps steps so that a column group's chunk of weights stays
 // in L1 while every row block passes over it; the passes also fetch the next chunk ahead (the first
-// pass would otherwise wait on memory: that alone was 1.3x at 24 rows on AVX-512). Rows go in panels
+// pass would otherwise wait on memory: that alone was 1.3x at 24 rows on AVX-512) into L2
+// (prefetcht1: on an Intel Xeon 1.1x prefetcht0 at 22-32 rows, the whole model's weights streamed,
+// whose L1 fill buffers ran short; not yet measured again on the Zen 5 where T0 was chosen). Rows go in panels
 // of kPanelRows, whose partial sums wait in a small fp32 buffer between chunks. Threads split the
 // column groups.
 
@@ -189,11 +191,14 @@ inline void micro(const Operands& o, int64_t b0, int64_t m0, int64_t s0, int64_t
   for (int c = 0; c < C; ++c) wb[c] = o.w + (b0 + c) * o.steps * kBlockCols;
   const uint32_t* xr[R];
   for (int r = 0; r < R; ++r) xr[r] = o.x + (m0 + r) * o.xs;
+  const int64_t fetch_end = s0 + ahead.steps;
+  int64_t fetch = s0 + ahead.pass;  // steps s0 + pass, s0 + pass + passes, ...: no division per step
   for (int64_t s = s0; s < s1; ++s) {
-    const int64_t q = s - s0;
-    if (q % ahead.passes == ahead.pass && q < ahead.steps) {
+    if (s == fetch && s < fetch_end) {
       for (int c = 0; c < kColBlocks; ++c)
-        if (ahead.next[c] != nullptr) _mm_prefetch(reinterpret_cast<const char*>(ahead.next[c] + q * kBlockCols), _MM_HINT_T0);
+        if (ahead.next[c] != nullptr)
+          _mm_prefetch(reinterpret_cast<const char*>(ahead.next[c] + (s - s0) * kBlockCols), _MM_HINT_T1);
+      fetch += ahead.passes;
     }
     __m512i wv[C];
     for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_si512(wb[c] + s * kBlockCols);
