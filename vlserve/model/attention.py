@@ -20,7 +20,10 @@ class AttentionBackend:
             from vlserve.kernels import cpu_attention
 
             cpu_attention.cpu_attention_op()  # build (first use) or load it now, not in the first forward
-            self._decode, self._extend = cpu_attention.decode_attention_cpu, cpu_attention.extend_attention_cpu
+            # one kernel for both modes: a decode batch is an extend of one token per request, and
+            # the batch already holds those lengths and starts (decode_attention_cpu would build
+            # them again, twice a layer)
+            self._decode, self._extend = None, cpu_attention.extend_attention_cpu
         elif name == "reference":
             self._decode, self._extend = kernels.decode_attention_ref, kernels.extend_attention_ref
         elif name == "triton":
@@ -36,7 +39,7 @@ class AttentionBackend:
                 batch: ForwardBatch, sm_scale: float) -> torch.Tensor:
         """q: [T, Hq, D] → [T, Hq, D]."""
         o = torch.empty_like(q)
-        if batch.mode == ForwardMode.DECODE:
+        if batch.mode == ForwardMode.DECODE and self._decode is not None:
             self._decode(q, k_buffer, v_buffer, o, batch.req_to_token, batch.req_pool_indices,
                          batch.seq_lens, sm_scale)
         else:

@@ -138,11 +138,20 @@ class Attention(nn.Module):
         t = x.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if hasattr(self, "qkv_proj"):
-            q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+            qkv = self.qkv_proj(x)
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            # q and k sit side by side in each row: one rotary call for both heads' sets where fused
+            qk = qkv[:, :q_size + kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+            if fused_op(qk) is not None:
+                apply_rotary(qk, cos, sin)
+                q, k = q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim)
+            else:
+                q = apply_rotary(q.reshape(t, self.num_heads, self.head_dim), cos, sin)
+                k = apply_rotary(k.reshape(t, self.num_kv_heads, self.head_dim), cos, sin)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = apply_rotary(q.reshape(t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.reshape(t, self.num_kv_heads, self.head_dim), cos, sin)
+            q = apply_rotary(q.reshape(t, self.num_heads, self.head_dim), cos, sin)
+            k = apply_rotary(k.reshape(t, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         kv.write(self.layer_id, batch.out_cache_loc, k, v)
         o = attn.forward(q, kv.k_buffers[self.layer_id], kv.v_buffers[self.layer_id], batch, self.sm_scale)
@@ -192,10 +201,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, batch, kv, attn):
-        x, h = self.post_attention_layernorm.add_and_norm(x, self.self_attn(self.input_layernorm(x), cos, sin,
-                                                                            batch, kv, attn))
-        return x + self.mlp(h)
+    def forward(self, x, residual, cos, sin, batch, kv, attn):
+        """(x, residual) -> (this layer's MLP output, the residual stream before it): the stream's
+        next addition is left to whoever normalises it next (the next layer's input norm, or the
+        final norm), so each add and the norm after it are one fused pass. residual None: x is the
+        stream itself (the first layer)."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            residual, h = self.input_layernorm.add_and_norm(residual, x)
+        residual, h = self.post_attention_layernorm.add_and_norm(residual, self.self_attn(h, cos, sin, batch, kv, attn))
+        return self.mlp(h), residual
 
 
 class LlamaDecoder(nn.Module):
@@ -218,6 +234,7 @@ class LlamaDecoder(nn.Module):
         if self.rotary.long_after is not None:
             seq_lens = torch.repeat_interleave(batch.seq_lens, batch.extend_lens, output_size=hidden.shape[0])
         cos, sin = self.rotary(batch.positions, hidden.dtype, seq_lens)
+        residual = None
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, batch, kv, attn)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, cos, sin, batch, kv, attn)
+        return self.norm(hidden) if residual is None else self.norm.add_and_norm(residual, hidden)[1]
