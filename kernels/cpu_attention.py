@@ -26,7 +26,7 @@ from .validate import check_decode_args, check_extend_args
 _SOURCES = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", name)
             for name in ("paged_attention_cpu.cpp", "small_gemm_cpu.cpp", "fused_cpu.cpp", "decode_gemm_cpu.cpp")]
 _HEADERS = [os.path.join(os.path.dirname(_SOURCES[0]), name)
-            for name in ("vec_cpu.h", "bf16_dot_cpu.h", "f32_tiles_cpu.h")]  # vector types; bf16 and fp32 tiles
+            for name in ("vec_cpu.h", "bf16_dot_cpu.h", "f32_tiles_cpu.h", "amx_cpu.h")]  # vector types; tiles
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}  # "op": the torch op, or "error": why it could not be built
 

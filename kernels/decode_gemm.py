@@ -4,6 +4,8 @@ a weight packed once for it. On AVX-512 from 8 to 64 rows it measured 1.1-1.4x o
 on oneDNN's own packed weight (one Zen 5 core, each of the benchmark model's eight layers' weights
 from memory, as in a decode step); on AVX2 (Zen 3) 1.3-2.2x the small-row kernel and oneDNN up to 128
 rows; at prefill sizes oneDNN is level or ahead, so vlserve.model.cpu_gemm sends only these rows here.
+Where the CPU has AMX, bf16 rows up to amx_max_rows() run on the tiles instead, B tiles read straight
+from the same packed weight: streamed once, in order, the tiles far ahead of memory.
 
 Built with the CPU attention kernel (cpu_attention.py); `decode_gemm_op(dtype)` is None where that
 extension cannot be built or the CPU (the build is -march=native) lacks the instructions.
@@ -34,6 +36,12 @@ def _ops():
 def vector_bits() -> int:
     """The vector width the kernel was built for: 512 (AVX-512), 256 (AVX2), 0 (not built)."""
     return _ops().vector_bits()
+
+
+def amx_max_rows() -> int:
+    """The most bf16 rows the kernel runs on AMX tiles here (an input width that is a multiple of 32);
+    0 where the build has no AMX or the OS does not grant it."""
+    return _ops().amx_max_rows()
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,8 @@
 the same operands, on every remainder its blocking has (rows past a 6- or 4-row block and a 96-row
 panel, columns past a 16-column block and a 4-block group, K past a 128- or 256-step chunk), and
 CpuLinear's use of it. Built with -march=native, it runs AVX-512 or AVX2 code: these tests check
-whichever this CPU has."""
+whichever this CPU has; on a CPU with AMX, bf16 rows up to 48 with K a multiple of 32 (the cases
+with 6, 24, 31, 40, 48 and 17 rows) run on its tiles in row groups of 16, the last one partial."""
 
 import pytest
 import torch
@@ -38,6 +39,13 @@ def test_kernel_is_built_where_the_cpu_has_the_instructions(dtype):
         assert decode_gemm.vector_bits() == (256 if AVX2 else 512)
 
 
+def test_amx_tiles_are_used_where_the_cpu_has_them():
+    # Built with -march=native on a CPU with AMX-BF16 (whose flags Linux lists only where it grants
+    # the tile state), bf16 decode rows must run on the tiles, or the cases below test vdpbf16ps only.
+    expected = 48 if {"amx_bf16", "amx_tile"} <= FLAGS and cpu_has_avx512_bf16() else 0
+    assert decode_gemm.amx_max_rows() == expected
+
+
 def _exact(x, w, bias):
     """fp32 products of the operands (exact for bf16), the bias in fp32, one rounding to x's dtype:
     what the kernel computes, up to the order of its sums."""
@@ -47,7 +55,8 @@ def _exact(x, w, bias):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,k", [(1, 16, 2), (5, 17, 30), (6, 64, 64), (7, 65, 258), (24, 1536, 1024),
-                                   (31, 100, 2816), (97, 200, 512), (200, 48, 96), (9, 40, 1030)])
+                                   (31, 100, 2816), (97, 200, 512), (200, 48, 96), (9, 40, 1030),
+                                   (40, 48, 96), (48, 33, 64), (17, 16, 32)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_matches_the_exact_product(dtype, m, n, k, bias, threads):
     torch.manual_seed(m * 1000 + n + k)
@@ -96,7 +105,7 @@ def test_rejects_what_it_cannot_compute(dtype):
 def test_cpu_linear_takes_it_for_decode_rows_only(dtype, where, monkeypatch):
     taken = cpu_gemm.decode_gemm_rows(dtype)
     amx = dtype == torch.bfloat16 and cpu_gemm.amx_bf16() and cpu_gemm.native_bf16()
-    expected = cpu_gemm.AMX_BF16_DECODE_ROWS if amx else DECODE_GEMM_ROWS[decode_gemm.vector_bits()][dtype]
+    expected = cpu_gemm.amx_bf16_decode_rows() if amx else DECODE_GEMM_ROWS[decode_gemm.vector_bits()][dtype]
     assert taken == expected, "the kernel is built but never used, or takes rows oneDNN's AMX path runs faster"
     rows = {"below": taken.start - 1, "first": taken.start, "24": 24, "last": taken.stop - 1, "past": taken.stop}[where]
     if rows == 0:

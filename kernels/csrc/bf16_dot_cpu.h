@@ -33,10 +33,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include "amx_cpu.h"
 
 namespace vlserve_bf16 {
 
@@ -191,8 +188,7 @@ inline void accumulate(const uint32_t* pp, const uint32_t* vp, int64_t rows, int
   for (; r0 < rows; ++r0) accumulate_rows<1>(pp, vp, half, D, r0, out);
 }
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define VLSERVE_AMX 1
+#if defined(VLSERVE_AMX)
 namespace amx {
 
 constexpr int kRowAlign = 16;  // a tile's rows: row counts are padded to this
@@ -200,33 +196,14 @@ constexpr int kRowAlign = 16;  // a tile's rows: row counts are padded to this
 // Head dims the tile path takes: whole A tiles of 16 pairs along the head dim.
 inline bool supports(int64_t head_dim) { return head_dim % 32 == 0 && head_dim <= kMaxHeadDim; }
 
-// Linux gives a process the tile registers' state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM
-// for XTILEDATA); asked once per process. False: the kernel refused (or predates AMX), use vdpbf16ps.
-inline bool usable() {
-  static const bool granted = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return granted;
-}
-
-// Tiles 0-7 all 16 rows x 64 bytes, configured for the scope of one item and released after (a
-// released thread costs the OS nothing to save on a context switch). Other code on the thread
-// (oneDNN) loads its own configuration, so every scope loads ours again.
-class Scope {
+// Every tile 16 rows x 64 bytes, for scores() and accumulate() below.
+class Scope : public vlserve_amx::Scope {
  public:
-  Scope() {
-    alignas(64) uint8_t config[64] = {};
-    config[0] = 1;  // palette 1
-    for (int t = 0; t < 8; ++t) {
-      config[16 + 2 * t] = 64;  // colsb[t] (uint16, little-endian)
-      config[48 + t] = 16;      // rows[t]
-    }
-    _tile_loadconfig(config);
-  }
-  ~Scope() { _tile_release(); }
-  Scope(const Scope&) = delete;
-  Scope& operator=(const Scope&) = delete;
+  Scope() : vlserve_amx::Scope(kShapes) {}
+
+ private:
+  static constexpr vlserve_amx::TileShape kShapes[8] = {{16, 64}, {16, 64}, {16, 64}, {16, 64},
+                                                         {16, 64}, {16, 64}, {16, 64}, {16, 64}};
 };
 
 // s[r][0..n_pad) = q row r . key, unscaled (the softmax applies the scale), for rows_pad rows (a
@@ -304,7 +281,7 @@ inline void accumulate(const uint32_t* pp, const uint32_t* vp, int64_t rows_pad,
 }
 
 }  // namespace amx
-#endif  // AMX
+#endif  // VLSERVE_AMX
 
 }  // namespace vlserve_bf16
 

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "amx_cpu.h"
 #include "vec_cpu.h"
 
 #if defined(__AVX512F__)
@@ -358,6 +359,89 @@ void run(const uint32_t* x, int64_t M, int64_t xs, const uint32_t* w, int64_t st
 
 #endif  // VLSERVE_DECODE_GEMM
 
+#if defined(VLSERVE_AMX)
+// bf16 rows on AMX tiles, up to kAmxMaxRows: the packed weight's 16 steps of one column block are
+// one B tile as they lie (16 rows of K pairs x 16 columns, 1 KB contiguous), so each thread streams
+// its column blocks' weights once, in order, and the tiles' arithmetic (16 x 16 x 32 per
+// instruction) keeps far ahead of memory. Row groups of 16: C tiles 0-2, their x rows as A tiles
+// 3-5, the weight step in tile 6.
+constexpr int64_t kAmxMaxRows = 48;
+constexpr int64_t kAmxFetchAhead = 2048;  // bytes of the weight stream fetched ahead of the tiles
+
+bool amx_takes(int64_t M, int64_t K) { return M <= kAmxMaxRows && K % 32 == 0 && vlserve_amx::usable(); }
+
+template <int G>
+void amx_blocks(const c10::BFloat16* x, int64_t M, int64_t K, const uint32_t* w, int64_t steps, int64_t N,
+                const float* bias, c10::BFloat16* y, int64_t b0, int64_t b1) {
+  vlserve_amx::TileShape shapes[8] = {};
+  for (int g = 0; g < G; ++g) {
+    const int rows = static_cast<int>(std::min<int64_t>(16, M - 16 * g));
+    shapes[g] = {rows, 64};      // C: rows x 16 fp32
+    shapes[3 + g] = {rows, 64};  // A: rows x 16 pairs of K
+  }
+  shapes[6] = {16, 64};  // B: 16 pairs of K x 16 columns
+  vlserve_amx::Scope tiles(shapes);
+  const int64_t xs = K * 2;  // bytes per x row
+  alignas(64) float c[16 * kBlockCols];
+  for (int64_t b = b0; b < b1; ++b) {
+    _tile_zero(0);
+    if constexpr (G > 1) _tile_zero(1);
+    if constexpr (G > 2) _tile_zero(2);
+    const uint32_t* wb = w + b * steps * kBlockCols;
+    const char* stream_end = reinterpret_cast<const char*>(w + b1 * steps * kBlockCols);
+    for (int64_t s = 0; s < steps; s += 16) {
+      const char* ahead = reinterpret_cast<const char*>(wb + s * kBlockCols) + kAmxFetchAhead;
+      for (int line = 0; line < 1024 && ahead + line < stream_end; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      _tile_loadd(6, wb + s * kBlockCols, 64);
+      const c10::BFloat16* xk = x + 2 * s;
+      _tile_loadd(3, xk, xs);
+      _tile_dpbf16ps(0, 3, 6);
+      if constexpr (G > 1) {
+        _tile_loadd(4, xk + 16 * K, xs);
+        _tile_dpbf16ps(1, 4, 6);
+      }
+      if constexpr (G > 2) {
+        _tile_loadd(5, xk + 32 * K, xs);
+        _tile_dpbf16ps(2, 5, 6);
+      }
+    }
+    const int64_t n0 = b * kBlockCols, n1 = std::min(N, n0 + kBlockCols);
+    for (int g = 0; g < G; ++g) {
+      switch (g) {  // tile numbers are immediates
+        case 0: _tile_stored(0, c, 64); break;
+        case 1: _tile_stored(1, c, 64); break;
+        default: _tile_stored(2, c, 64); break;
+      }
+      for (int r = 0; r < shapes[g].rows; ++r) finish_row(c + r * kBlockCols, bias, y + (16 * g + r) * N, n0, n1);
+    }
+  }
+}
+
+void run_amx(const c10::BFloat16* x, int64_t M, int64_t K, const uint32_t* w, int64_t steps, int64_t N,
+             const float* bias, c10::BFloat16* y) {
+  const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    switch ((M + 15) / 16) {
+      case 1: amx_blocks<1>(x, M, K, w, steps, N, bias, y, begin, end); break;
+      case 2: amx_blocks<2>(x, M, K, w, steps, N, bias, y, begin, end); break;
+      default: amx_blocks<3>(x, M, K, w, steps, N, bias, y, begin, end); break;
+    }
+  });
+}
+#else
+bool amx_takes(int64_t, int64_t) { return false; }
+#endif
+
+// The most bf16 rows the AMX tiles take here (K a multiple of 32); 0 where the build has no AMX or
+// the OS does not grant it.
+int64_t amx_max_rows() {
+#if defined(VLSERVE_AMX)
+  return vlserve_amx::usable() ? kAmxMaxRows : 0;
+#else
+  return 0;
+#endif
+}
+
 at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias_in) {
   const c10::ScalarType dtype = x_in.scalar_type();
   TORCH_CHECK(x_in.device().is_cpu() && supports(dtype), "decode_gemm.linear: x must be a CPU tensor of a dtype this "
@@ -387,6 +471,14 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, c
     run<Bf16, at::BFloat16>(static_cast<const uint32_t*>(wide.data_ptr()), M, K, ww, steps, N, bp,
                             y.data_ptr<at::BFloat16>());
 #elif defined(__AVX512BF16__)
+#if defined(VLSERVE_AMX)
+    if (amx_takes(M, K)) {
+      run_amx(x.data_ptr<at::BFloat16>(), M, K, ww, steps, N, bp, y.data_ptr<at::BFloat16>());
+      std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
+      shape.back() = N;
+      return y.view(shape);
+    }
+#endif
     run<Bf16, at::BFloat16>(static_cast<const uint32_t*>(x.data_ptr()), M, K / 2, ww, steps, N, bp,
                             y.data_ptr<at::BFloat16>());
 #endif
@@ -404,6 +496,7 @@ TORCH_LIBRARY(vlserve_decode_gemm, m) {
   m.def("linear(Tensor x, Tensor packed, int N, Tensor? bias) -> Tensor");
   m.def("supports(ScalarType dtype) -> bool");
   m.def("vector_bits() -> int");
+  m.def("amx_max_rows() -> int");
 }
 
 TORCH_LIBRARY_IMPL(vlserve_decode_gemm, CPU, m) {
@@ -414,4 +507,5 @@ TORCH_LIBRARY_IMPL(vlserve_decode_gemm, CPU, m) {
 TORCH_LIBRARY_IMPL(vlserve_decode_gemm, CompositeExplicitAutograd, m) {
   m.impl("supports", &supports);
   m.impl("vector_bits", &vector_bits);
+  m.impl("amx_max_rows", &amx_max_rows);
 }

@@ -620,7 +620,7 @@ void run_item_gemm(const Item& it, const Problem& pb, const T* k_buffer, const T
 #if defined(VLSERVE_BF16_DOT)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
 #if defined(VLSERVE_AMX)
-    if (pb.bf16_dot && pb.amx && vlserve_bf16::amx::supports(pb.head_dim) && vlserve_bf16::amx::usable()) {
+    if (pb.bf16_dot && pb.amx && vlserve_bf16::amx::supports(pb.head_dim) && vlserve_amx::usable()) {
       run_item_bf16<true>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots);
       return;
     }
@@ -1011,7 +1011,7 @@ bool has_bf16_dot() {
 // OS lets the process use them).
 bool has_amx() {
 #if defined(VLSERVE_AMX)
-  return vlserve_bf16::amx::usable();
+  return vlserve_amx::usable();
 #else
   return false;
 #endif

@@ -25,7 +25,8 @@ Decode rows there (8-64) go to our own kernel instead (kernels/decode_gemm.py: F
 vdpbf16ps for bf16, on a second packed copy of the weight): oneDNN's inner product ran those rows at
 60-70% of its prefill rate, ours at 80-90% (1.1-1.4x; "Tenth pass" in RESULTS.md). Where the CPU has
 AMX (Intel Xeons from Sapphire Rapids), oneDNN's bf16 GEMM runs on the tile unit at several times
-vdpbf16ps's rate, so bf16 keeps only 1-4 rows on our kernel (AMX_BF16_DECODE_ROWS; "Thirteenth pass").
+vdpbf16ps's rate, so bf16 decode rows go to our kernel only on AMX tiles of its own (B tiles read
+straight from its packed weight, the weights streamed once; amx_bf16_decode_rows; "Thirteenth pass").
 On AVX2 the same kernel, in 8-float vectors (bf16 widened in registers), takes fp32 rows 8-128 and
 bf16 rows 1-128 from the small-row kernel and oneDNN: on a Zen 3 EPYC, two threads, the decode
 step's weights streamed, fp32 1.3-1.5x the better of the two from 16 to 128 rows and bf16 1.3-2.2x
@@ -66,9 +67,10 @@ PACK_HINT_ROWS = 32  # the batch size oneDNN picks the blocked layout for (1-204
 DECODE_GEMM_ROWS = {512: {torch.float32: range(8, 65), torch.bfloat16: range(8, 65)},
                     256: {torch.float32: range(8, 129), torch.bfloat16: range(1, 129)}}
 # With AMX (Intel Sapphire Rapids and later) oneDNN's bf16 tiles outrun vdpbf16ps from 5 rows up
-# (1.6x at 8 rows, 5x at 32 on a Xeon, two threads, weights streamed); below that our kernel still
-# reads the weight faster. fp32 has no AMX path and keeps the AVX-512 rows.
-AMX_BF16_DECODE_ROWS = range(1, 5)
+# (1.6x at 8 rows, 5x at 32 on a Xeon, two threads, weights streamed), so our kernel takes bf16 rows
+# there only on AMX tiles of its own (decode_gemm.amx_max_rows(): up to 48), or 1-4 rows in
+# vdpbf16ps if its tiles are not granted. fp32 has no AMX path and keeps the AVX-512 rows.
+AMX_BF16_VDP_ROWS = range(1, 5)
 
 
 @functools.cache
@@ -106,8 +108,14 @@ def decode_gemm_rows(dtype: torch.dtype) -> range:
     if not torch.backends.mkldnn.is_available() or decode_gemm.decode_gemm_op(dtype) is None:
         return range(0)
     if dtype == torch.bfloat16 and amx_bf16() and native_bf16():
-        return AMX_BF16_DECODE_ROWS
+        return amx_bf16_decode_rows()
     return DECODE_GEMM_ROWS.get(decode_gemm.vector_bits(), {}).get(dtype, range(0))
+
+
+def amx_bf16_decode_rows() -> range:
+    """bf16 rows for our kernel on an AMX CPU: its own tiles' rows, else the few vdpbf16ps wins."""
+    tiles = decode_gemm.amx_max_rows()
+    return range(1, tiles + 1) if tiles else AMX_BF16_VDP_ROWS
 
 
 @functools.cache
