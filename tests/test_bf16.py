@@ -97,3 +97,17 @@ def test_auto_dtype_follows_the_checkpoint_and_the_cpu(monkeypatch):
     dtype, note = resolve_dtype("auto", torch.bfloat16)
     assert dtype == torch.float32 and "no native bfloat16" in note
     assert resolve_dtype("auto", torch.bfloat16, device="cuda")[0] == torch.bfloat16
+
+
+def test_auto_runs_an_fp16_checkpoint_in_bf16_where_the_cpu_has_native_bf16(monkeypatch):
+    monkeypatch.setattr("vlserve.model.loader.native_bf16", lambda: True)
+    monkeypatch.setattr("vlserve.model.loader.native_fp16", lambda: True)  # AVX512_FP16 too: bf16 still wins
+    dtype, note = resolve_dtype("auto", torch.float16)
+    assert dtype == torch.bfloat16 and "float16" in note and "--dtype float16" in note
+    assert resolve_dtype("float16", torch.float16)[0] == torch.float16  # asked for: kept
+    assert resolve_dtype(None, torch.float16)[0] == torch.float16
+    assert resolve_dtype("auto", torch.float16, device="cuda")[0] == torch.float16
+    monkeypatch.setattr("vlserve.model.loader.native_bf16", lambda: False)
+    assert resolve_dtype("auto", torch.float16)[0] == torch.float16  # native fp16 only: the checkpoint's
+    monkeypatch.setattr("vlserve.model.loader.native_fp16", lambda: False)
+    assert resolve_dtype("auto", torch.float16)[0] == torch.float32  # neither: fp32

@@ -157,6 +157,11 @@ def resolve_dtype(requested: str | torch.dtype | None, checkpoint: torch.dtype,
     CPU, fp32 stays fp32, and a half-precision checkpoint keeps its dtype only where oneDNN has
     native kernels for it (AVX512_BF16 / AMX, AVX512_FP16) — elsewhere torch's half-precision GEMMs
     measured 3-6x slower than fp32 at prefill sizes (benchmarks/gemm_paths.py), so it runs in fp32.
+    An fp16 checkpoint runs in bf16 wherever the CPU has native bf16 kernels: on a Xeon with AMX,
+    fp16 GEMMs (AVX512_FP16) ran at fp32's rate (333 GFLOP/s, two threads) and bf16 ones at 8x that,
+    and the CPU kernels' fast paths (attention blocks, decode rows) are bf16's; where there are no
+    AVX512_FP16 kernels (AMD's AVX-512 CPUs) fp16 would fall back to fp32. bf16 keeps fp16's values'
+    range and drops three bits of their mantissa, as vLLM's CPU backend does with fp16 checkpoints.
     """
     if requested is None:
         return checkpoint, f"{_name(checkpoint)} (the checkpoint's)"
@@ -165,6 +170,9 @@ def resolve_dtype(requested: str | torch.dtype | None, checkpoint: torch.dtype,
         return chosen, f"{_name(chosen)} (requested)"
     if torch.device(device).type != "cpu" or checkpoint == torch.float32:
         return checkpoint, f"auto -> {_name(checkpoint)} (the checkpoint's)"
+    if checkpoint == torch.float16 and native_bf16():
+        return torch.bfloat16, ("auto -> bfloat16 (checkpoint is float16; this CPU's native bfloat16 GEMMs are its "
+                                "fastest half-precision path; --dtype float16 keeps the checkpoint's)")
     native = {torch.bfloat16: native_bf16, torch.float16: native_fp16}[checkpoint]()
     if native:
         return checkpoint, f"auto -> {_name(checkpoint)} (the checkpoint's; this CPU has native {_name(checkpoint)} GEMMs)"
