@@ -166,8 +166,18 @@ struct Bf16 {
 struct Ahead {
   const uint32_t* next[kColBlocks];
   int64_t steps;
-  int64_t pass, passes;
+  int64_t pass, passes;  // passes: how many of the chunk's passes fetch (pass >= passes: none)
 };
+
+// AVX-512: up to this many row passes a chunk, the first pass fetches the whole next chunk; more,
+// and the passes share it. On a Xeon (two threads, the model's weights streamed, fp32) the first
+// pass alone was 1.2-1.3x at 7-12 rows (two passes) and 1.07-1.1x at 20-24 (four), 0.95x at 13-18
+// (three) and 0.87-0.95x from 32 rows up. AVX2 (tuned on Zen 3) always shares.
+#if VLSERVE_DECODE_GEMM == 512
+constexpr int64_t kWholeChunkFetchPasses = 4;
+#else
+constexpr int64_t kWholeChunkFetchPasses = 0;
+#endif
 
 // Where one call's operands are: x as 32-bit words (row stride xs words), the packed weight, the
 // group's fp32 partial sums (row stride kColBlocks * 16).
@@ -195,7 +205,7 @@ inline void micro(const Operands& o, int64_t b0, int64_t m0, int64_t s0, int64_t
   const int64_t fetch_end = s0 + ahead.steps;
   int64_t fetch = s0 + ahead.pass;  // steps s0 + pass, s0 + pass + passes, ...: no division per step
   for (int64_t s = s0; s < s1; ++s) {
-    if (s == fetch && s < fetch_end) {
+    if (ahead.pass < ahead.passes && s == fetch && s < fetch_end) {
       for (int c = 0; c < kColBlocks; ++c)
         if (ahead.next[c] != nullptr)
           _mm_prefetch(reinterpret_cast<const char*>(ahead.next[c] + (s - s0) * kBlockCols), _MM_HINT_T1);
@@ -233,7 +243,7 @@ inline void micro(const Operands& o, int64_t b0, int64_t m0, int64_t s0, int64_t
   const int64_t fetch_end = s0 + ahead.steps;
   int64_t fetch = s0 + ahead.pass;  // steps s0 + pass, s0 + pass + passes, ...: no division per step
   for (int64_t s = s0; s < s1; ++s) {
-    if (s == fetch && s < fetch_end) {
+    if (ahead.pass < ahead.passes && s == fetch && s < fetch_end) {
       for (int c = 0; c < kColBlocks; ++c)
         if (ahead.next[c] != nullptr)
           _mm_prefetch(reinterpret_cast<const char*>(ahead.next[c] + (s - s0) * kBlockCols), _MM_HINT_T0);
@@ -321,7 +331,7 @@ void column_group(Operands o, int64_t M, int64_t N, int64_t b0, int cols, int ne
     o.x = x + mp * o.xs;
     for (int64_t s0 = 0; s0 < o.steps; s0 += kChunkSteps) {
       const int64_t s1 = std::min(o.steps, s0 + kChunkSteps);
-      Ahead ahead{{}, 0, 0, passes};
+      Ahead ahead{{}, 0, 0, passes <= kWholeChunkFetchPasses ? 1 : passes};
       if (passes < 2) {
         // one pass reads each line once: the hardware prefetcher keeps up (fetching ahead measured slower)
       } else if (s1 < o.steps || !last_panel) {  // this group's next chunk (the next panel's first)
