@@ -108,3 +108,43 @@ def test_weights_are_packed_at_load_unless_memory_is_short(monkeypatch):
     copies = 1 + cpu_gemm.decode_weights_pay(torch.float32)
     assert cpu_gemm.pack_weights([short], free_bytes=96 * 72 * 4 * 4 * copies) == 96 * 72 * 4 * copies
     assert ("_decode_packed" in short.__dict__) == (copies == 2)
+
+
+def test_onednn_row_counts_are_padded_to_a_few_buckets():
+    counts = {cpu_gemm.onednn_rows(r) for r in range(1, 2049)}
+    assert len(counts) <= 48  # each a primitive oneDNN builds once
+    for r in range(1, 5000):
+        padded = cpu_gemm.onednn_rows(r)
+        assert r <= padded <= r + max(15, (r - 1) // 8) and padded % 16 == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(37, 64), (3, 45, 64), (130, 64), (1000, 64)])
+def test_padded_onednn_calls_return_the_real_rows_only(dtype, shape):
+    # The padding rows are zeros: their outputs (the bias) must never reach the result, whose rows
+    # are the unpadded product's, leading dims kept.
+    torch.manual_seed(shape[0])
+    w, b = torch.randn(48, 64).to(dtype), torch.randn(48).to(dtype)
+    x = torch.randn(*shape).to(dtype)
+    out = cpu_gemm._onednn(x, w, b)
+    assert out.shape == (*shape[:-1], 48) and out.is_contiguous()
+    exact = F.linear(x.float(), w.float(), b.float())
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), exact, atol=tol * exact.abs().max().item(), rtol=tol)
+
+
+def test_bf16_primitives_are_warmed_at_load_only_with_native_kernels(monkeypatch):
+    calls = []
+    real = cpu_gemm._onednn
+    monkeypatch.setattr(cpu_gemm, "_onednn", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    layers = [nn.Linear(64, 32).to(torch.bfloat16), nn.Linear(64, 32).to(torch.bfloat16)]
+    for m in layers:
+        use_cpu_gemm(m)  # warms as it loads
+    if cpu_gemm.native_bf16():
+        # one layer of the shape warmed (the second adds no shape), every padded count oneDNN takes
+        expected = [r for r in sorted({cpu_gemm.onednn_rows(r) for r in range(1, cpu_gemm.WARM_ROWS + 1)})
+                    if cpu_gemm._goes_to_onednn(layers[0], r)]
+        assert calls[:len(expected)] == expected and expected
+    calls.clear()
+    assert cpu_gemm.warm_onednn([nn.Linear(64, 32)]) == 0  # fp32: built on first use
+    assert calls == []
