@@ -129,21 +129,23 @@ def packed_weights_pay(dtype: torch.dtype) -> bool:
 
 
 def onednn_rows(rows: int) -> int:
-    """The row count a oneDNN call is padded to. oneDNN builds (and JIT-compiles) a primitive for every
-    new shape and caches it: on an AMX Xeon a bf16 linear with a row count it had not seen took 7.1 ms
-    against 0.53 ms (fp32 3.7 against 2.9), and serving meets a new count at nearly every prefill
-    (every layer type's first layer paid it: ~26 ms a bf16 forward). Rounded up to a multiple of 16
-    (to 256 rows), then of an eighth of the power of two below (32 to 512, 64 to 1,024, ...): eight
-    counts per doubling, each built once, for at most 1/8 more rows of arithmetic (the padding rows
-    are zeros, their outputs dropped)."""
+    """The row count a half-precision oneDNN call is padded to. oneDNN builds (and JIT-compiles) a
+    primitive for every new shape and caches it: on an AMX Xeon a bf16 linear with a row count it had
+    not seen took 7.1-11 ms against 0.5-1.4 ms (fp32 ~4 against ~2.8), and serving meets a new count at
+    nearly every prefill (every layer type's first layer paid it: ~26 ms a bf16 forward). bf16 and
+    fp16 calls are rounded up to a multiple of 16 (to 256 rows), then of an eighth of the power of two
+    below (32 to 512, 64 to 1,024, ...): eight counts per doubling, each built once, for at most 1/8
+    more rows of arithmetic (the padding rows are zeros, their outputs dropped)."""
     step = max(16, (1 << ((rows - 1).bit_length() - 1)) // 8) if rows > 1 else 16
     return -(-rows // step) * step
 
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's linear; half-precision calls padded to onednn_rows (fp32's primitives build in ~1 ms,
+    about what the padding's copy and extra rows cost: `benchmarks/onednn_shapes.py`)."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
-    padded = onednn_rows(rows)
+    padded = rows if x.dtype == torch.float32 else onednn_rows(rows)
     if padded == rows:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     flat = x.new_empty(padded, k)
