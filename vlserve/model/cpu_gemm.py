@@ -222,9 +222,8 @@ def warm_onednn(layers: list[CpuLinear], max_rows: int = WARM_ROWS) -> int:
     that the layer sends to oneDNN, so that the first prefills of each length find their primitives
     built (see onednn_rows); returns the calls made. bf16 only, where oneDNN has native kernels: its
     AMX primitives are the costly ones to build (the benchmark model's five decoder and four vision
-    tower shapes: 0.84 s at load, 0.16 s of it arithmetic), while fp32's cost little more to build
-    than to run (1.05 s to warm, 0.97 s of it arithmetic) and are left to their first use. Larger
-    counts are built on first use too."""
+    tower shapes: ~1.2 s at load), while fp32's cost little more to build than to run (1.05 s to warm,
+    0.97 s of it arithmetic) and are left to their first use. Larger counts are built on first use."""
     seen, calls = set(), 0
     with torch.inference_mode():
         for m in layers:
