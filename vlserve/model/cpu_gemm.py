@@ -215,6 +215,10 @@ def use_cpu_gemm(model: nn.Module) -> int:
 
 
 WARM_ROWS = 1024  # oneDNN's primitives are built at load for every padded row count up to this
+# ... where the call's arithmetic is at most this: building a primitive took ~4-10 ms, so a warm-up
+# call much bigger than that costs more at load than its build saves later (a 7B model's MLP at a
+# few hundred rows is a second of arithmetic on two cores; its prefills dwarf the build anyway)
+WARM_MAX_FLOP = 4e9
 
 
 def warm_onednn(layers: list[CpuLinear], max_rows: int = WARM_ROWS) -> int:
@@ -222,8 +226,9 @@ def warm_onednn(layers: list[CpuLinear], max_rows: int = WARM_ROWS) -> int:
     that the layer sends to oneDNN, so that the first prefills of each length find their primitives
     built (see onednn_rows); returns the calls made. bf16 only, where oneDNN has native kernels: its
     AMX primitives are the costly ones to build (the benchmark model's five decoder and four vision
-    tower shapes: ~1.2 s at load), while fp32's cost little more to build than to run (1.05 s to warm,
-    0.97 s of it arithmetic) and are left to their first use. Larger counts are built on first use."""
+    tower shapes: ~1 s at load), while fp32's cost little more to build than to run (1.05 s to warm,
+    0.97 s of it arithmetic) and are left to their first use. Larger counts, and calls of more than
+    WARM_MAX_FLOP, are built on first use."""
     seen, calls = set(), 0
     with torch.inference_mode():
         for m in layers:
@@ -232,6 +237,8 @@ def warm_onednn(layers: list[CpuLinear], max_rows: int = WARM_ROWS) -> int:
                 continue
             seen.add(key)
             for rows in sorted({onednn_rows(r) for r in range(1, max_rows + 1)}):
+                if 2 * rows * m.in_features * m.out_features > WARM_MAX_FLOP:
+                    break
                 if _goes_to_onednn(m, rows):
                     m(torch.zeros(rows, m.in_features, dtype=m.weight.dtype))
                     calls += 1
