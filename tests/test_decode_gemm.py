@@ -14,12 +14,7 @@ from vlserve.kernels import decode_gemm
 from vlserve.model import cpu_gemm
 from vlserve.model.cpu_gemm import DECODE_GEMM_ROWS, CpuLinear, use_cpu_gemm
 
-from test_cpu_attention import cpu_has_avx512_bf16
-
-
-def cpu_flags() -> set[str]:
-    with open("/proc/cpuinfo") as f:
-        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+from test_cpu_attention import cpu_flags, cpu_has_avx512_bf16
 
 
 FLAGS = cpu_flags()

@@ -393,12 +393,12 @@ void amx_blocks(const c10::BFloat16* x, int64_t M, int64_t K, const uint32_t* w,
   vlserve_amx::Scope tiles(shapes);
   const int64_t xs = K * 2;  // bytes per x row
   alignas(64) float c[16 * kBlockCols];
+  const char* stream_end = reinterpret_cast<const char*>(w + b1 * steps * kBlockCols);  // this thread's blocks
   for (int64_t b = b0; b < b1; ++b) {
     _tile_zero(0);
     if constexpr (G > 1) _tile_zero(1);
     if constexpr (G > 2) _tile_zero(2);
     const uint32_t* wb = w + b * steps * kBlockCols;
-    const char* stream_end = reinterpret_cast<const char*>(w + b1 * steps * kBlockCols);
     for (int64_t s = 0; s < steps; s += 16) {
       const char* ahead = reinterpret_cast<const char*>(wb + s * kBlockCols) + kAmxFetchAhead;
       for (int line = 0; line < 1024 && ahead + line < stream_end; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
@@ -440,6 +440,7 @@ void run_amx(const c10::BFloat16* x, int64_t M, int64_t K, const uint32_t* w, in
 }
 #else
 bool amx_takes(int64_t, int64_t) { return false; }
+void run_amx(const c10::BFloat16*, int64_t, int64_t, const uint32_t*, int64_t, int64_t, const float*, c10::BFloat16*) {}
 #endif
 
 // The most bf16 rows the AMX tiles take here (K a multiple of 32); 0 where the build has no AMX or
@@ -481,16 +482,12 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, c
     run<Bf16, at::BFloat16>(static_cast<const uint32_t*>(wide.data_ptr()), M, K, ww, steps, N, bp,
                             y.data_ptr<at::BFloat16>());
 #elif defined(__AVX512BF16__)
-#if defined(VLSERVE_AMX)
     if (amx_takes(M, K)) {
       run_amx(x.data_ptr<at::BFloat16>(), M, K, ww, steps, N, bp, y.data_ptr<at::BFloat16>());
-      std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
-      shape.back() = N;
-      return y.view(shape);
+    } else {
+      run<Bf16, at::BFloat16>(static_cast<const uint32_t*>(x.data_ptr()), M, K / 2, ww, steps, N, bp,
+                              y.data_ptr<at::BFloat16>());
     }
-#endif
-    run<Bf16, at::BFloat16>(static_cast<const uint32_t*>(x.data_ptr()), M, K / 2, ww, steps, N, bp,
-                            y.data_ptr<at::BFloat16>());
 #endif
   }
 #endif

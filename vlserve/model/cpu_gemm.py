@@ -148,11 +148,16 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     padded = rows if x.dtype == torch.float32 else onednn_rows(rows)
     if padded == rows:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    flat = x.new_empty(padded, k)
-    flat[:rows].copy_(x.reshape(rows, k))
-    flat[rows:].zero_()
-    y = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
+    y = torch.ops.mkldnn._linear_pointwise(pad_rows(x.reshape(rows, k), padded), weight, bias, "none", [], "")
     return y[:rows].view(*x.shape[:-1], y.shape[-1])
+
+
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """[n, k] -> [rows, k]: x, then zero rows."""
+    out = x.new_empty(rows, x.shape[1])
+    out[:x.shape[0]].copy_(x)
+    out[x.shape[0]:].zero_()
+    return out
 
 
 class CpuLinear(nn.Linear):
@@ -161,23 +166,38 @@ class CpuLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_cpu or x.dim() == 0:
             return F.linear(x, self.weight, self.bias)
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        packs = self.__dict__.get("pack", True) and self.weight.dtype == x.dtype
-        if packs and rows in decode_gemm_rows(x.dtype):
+        path = self.path(x.numel() // x.shape[-1] if x.shape[-1] else 0, x.dtype)
+        if path == "decode":
             return decode_gemm.linear(x, self.decode_weight(), self.out_features, self.bias)
-        if packs and rows >= PACKED_MIN_ROWS.get(x.dtype, 1 << 62) and packed_weights_pay(x.dtype):
+        if path == "packed":
             return _onednn(x, self.packed_weight(), self.bias)
-        if 0 < rows < SMALL_ROWS and x.dtype in (torch.float32, torch.bfloat16) and self.weight.dtype == x.dtype:
-            op = small_gemm.small_linear_op()
-            if op is not None and (x.dtype == torch.float32 or not native_bf16()):
-                return op(x.float(), self.weight, self.bias).to(x.dtype)
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            if rows >= ONEDNN_MIN_ROWS:
-                return _onednn(x, self.weight, self.bias)
-        elif x.dtype == torch.bfloat16 and rows >= UPCAST_MIN_ROWS and not native_bf16():
+        if path == "small":
+            return small_gemm.small_linear_op()(x.float(), self.weight, self.bias).to(x.dtype)
+        if path == "onednn":
+            return _onednn(x, self.weight, self.bias)
+        if path == "upcast":
             bias = None if self.bias is None else self.bias.float()
             return _onednn(x.float(), self.weight.float(), bias).to(torch.bfloat16)
         return F.linear(x, self.weight, self.bias)
+
+    def path(self, rows: int, dtype: torch.dtype) -> str:
+        """Where `rows` rows of `dtype` go: "decode" (our decode-rows kernel), "packed" (oneDNN on the
+        packed weight), "small" (the small-row kernel), "onednn" (oneDNN on the plain weight),
+        "upcast" (oneDNN in fp32 on a widened bf16 weight) or "torch" (F.linear)."""
+        packs = self.__dict__.get("pack", True) and self.weight.dtype == dtype
+        if packs and rows in decode_gemm_rows(dtype):
+            return "decode"
+        if packs and rows >= PACKED_MIN_ROWS.get(dtype, 1 << 62) and packed_weights_pay(dtype):
+            return "packed"
+        if 0 < rows < SMALL_ROWS and dtype in (torch.float32, torch.bfloat16) and self.weight.dtype == dtype:
+            if small_gemm.small_linear_op() is not None and (dtype == torch.float32 or not native_bf16()):
+                return "small"
+        if dtype == torch.float32 and self.weight.dtype == torch.float32:
+            if rows >= ONEDNN_MIN_ROWS:
+                return "onednn"
+        elif dtype == torch.bfloat16 and rows >= UPCAST_MIN_ROWS and not native_bf16():
+            return "upcast"
+        return "torch"
 
     def packed_weight(self) -> torch.Tensor:
         """The weight in oneDNN's blocked layout (an opaque MkldnnCPU tensor), packed on first use and
@@ -246,19 +266,8 @@ def warm_onednn(layers: list[CpuLinear], max_rows: int = WARM_ROWS) -> int:
 
 
 def _goes_to_onednn(m: CpuLinear, rows: int) -> bool:
-    """Whether CpuLinear.forward sends `rows` rows of the weight's dtype to oneDNN (mirrors its order)."""
-    dtype = m.weight.dtype
-    packs = m.__dict__.get("pack", True)
-    if packs and rows in decode_gemm_rows(dtype):
-        return False
-    if packs and rows >= PACKED_MIN_ROWS.get(dtype, 1 << 62) and packed_weights_pay(dtype):
-        return True
-    if rows < SMALL_ROWS and dtype in (torch.float32, torch.bfloat16) and small_gemm.small_linear_op() is not None:
-        if dtype == torch.float32 or not native_bf16():
-            return False
-    if dtype == torch.float32:
-        return rows >= ONEDNN_MIN_ROWS
-    return dtype == torch.bfloat16 and rows >= UPCAST_MIN_ROWS and not native_bf16()
+    """Whether CpuLinear.forward sends `rows` rows of the weight's dtype to oneDNN."""
+    return m.path(rows, m.weight.dtype) in ("packed", "onednn", "upcast")
 
 
 def pack_weights(layers: list[CpuLinear], free_bytes: int | None = None) -> int:

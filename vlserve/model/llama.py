@@ -140,18 +140,16 @@ class Attention(nn.Module):
         if hasattr(self, "qkv_proj"):
             qkv = self.qkv_proj(x)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            # q and k sit side by side in each row: one rotary call for both heads' sets where fused
-            qk = qkv[:, :q_size + kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-            if fused_op(qk) is not None:
-                apply_rotary(qk, cos, sin)
-                q, k = q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim)
-            else:
-                q = apply_rotary(q.reshape(t, self.num_heads, self.head_dim), cos, sin)
-                k = apply_rotary(k.reshape(t, self.num_kv_heads, self.head_dim), cos, sin)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-            q = apply_rotary(q.reshape(t, self.num_heads, self.head_dim), cos, sin)
-            k = apply_rotary(k.reshape(t, self.num_kv_heads, self.head_dim), cos, sin)
+            qkv, (q, k, v) = None, (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q, k = q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim)
+        # q and k sit side by side in each row of the fused output: one rotary call for both, in place
+        # (q and k above are views of it, so they see the rotation)
+        qk = None if qkv is None else qkv[:, :q_size + kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+        if qk is not None and fused_op(qk) is not None:
+            apply_rotary(qk, cos, sin)
+        else:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         kv.write(self.layer_id, batch.out_cache_loc, k, v)
         o = attn.forward(q, kv.k_buffers[self.layer_id], kv.v_buffers[self.layer_id], batch, self.sm_scale)
