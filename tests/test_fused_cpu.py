@@ -100,3 +100,56 @@ def test_bf16_silu_mul_vector_lanes_round_as_the_scalar_tail(op):
     wide = op.silu_mul(torch.cat([gate, up], -1).bfloat16())
     single = torch.cat([op.silu_mul(torch.stack([gate[0, i], up[0, i]]).view(1, 2).bfloat16()) for i in range(301)], -1)
     assert torch.equal(wide.view(torch.int16), single.view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 24, 450])
+def test_store_kv_writes_exactly_the_slots_index_copy_writes(op, dtype, tokens, threads):
+    """K and V as views of a fused qkv output (rows strided, heads contiguous) and V with its heads
+    strided too, written at scattered slots: the pools equal index_copy_'s, and no other slot moves."""
+    g = torch.Generator().manual_seed(tokens)
+    slots_total, heads, dim = 2048, 4, 64
+    slots = torch.randperm(slots_total, generator=g)[:tokens].to(torch.int32)
+    qkv = torch.randn(tokens, 1024 + 2 * heads * dim, generator=g).to(dtype)
+    k = qkv[:, 1024:1024 + heads * dim].view(tokens, heads, dim)
+    v = torch.randn(tokens, heads, 2 * dim, generator=g).to(dtype)[:, :, :dim]  # heads strided by 2 * dim
+    k_buf, v_buf = (torch.randn(slots_total, heads, dim, generator=g).to(dtype) for _ in range(2))
+    want_k, want_v = k_buf.clone().index_copy_(0, slots.long(), k), v_buf.clone().index_copy_(0, slots.long(), v)
+    op.store_kv(k_buf, v_buf, slots, k, v)
+    assert torch.equal(k_buf, want_k) and torch.equal(v_buf, want_v)
+
+
+def test_store_kv_refuses_slots_outside_the_pool_and_bad_shapes(op):
+    k_buf, v_buf = torch.zeros(8, 2, 4), torch.zeros(8, 2, 4)
+    kv = torch.ones(2, 2, 4)
+    for bad in ([0, 8], [-1, 3]):
+        with pytest.raises(RuntimeError, match="outside the pool of 8 slots"):
+            op.store_kv(k_buf, v_buf, torch.tensor(bad), kv, kv)
+    assert not k_buf.any() and not v_buf.any(), "a refused store wrote"
+    with pytest.raises(RuntimeError, match="K and V must be"):
+        op.store_kv(k_buf, v_buf, torch.tensor([0, 1]), torch.ones(2, 3, 4), kv)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        op.store_kv(k_buf, v_buf, torch.tensor([0, 1]), kv.double(), kv)
+
+
+def test_kv_pool_write_takes_the_fused_store_and_matches_its_fallback(op, monkeypatch):
+    """KVPool.write on a CPU pool: through store_kv, int32 slots, K and V widened or narrowed to the
+    pool's dtype first; the pool equals what the index_copy_ fallback writes."""
+    from vlserve.memory import kv_pool
+
+    assert kv_pool.fused_op(torch.zeros(1)) is op, "a CPU pool's writes would not take store_kv"
+    g = torch.Generator().manual_seed(3)
+    slots = torch.randperm(64, generator=g)[:9].to(torch.int32)
+    k, v = torch.randn(9, 2, 16, generator=g), torch.randn(9, 2, 16, generator=g)
+    for dtype in (torch.float32, torch.bfloat16):
+        fused, fallback = (kv_pool.KVPool.create(2, 64, 2, 16, dtype) for _ in range(2))
+        for pool in (fused, fallback):
+            for buf in pool.k_buffers + pool.v_buffers:
+                buf.zero_()
+        fused.write(1, slots, k, v)
+        with monkeypatch.context() as m:
+            m.setattr(kv_pool, "fused_op", lambda x: None)
+            fallback.write(1, slots, k, v)
+        for a, b in zip(fused.k_buffers + fused.v_buffers, fallback.k_buffers + fallback.v_buffers):
+            assert torch.equal(a, b)
+        assert torch.equal(fused.k_buffers[1][slots.long()], k.to(dtype))
