@@ -50,6 +50,17 @@ def cpu_linears(weights: list[torch.Tensor]) -> list[nn.Module]:
     return layers
 
 
+def memory_floor(weights: list[list[torch.Tensor]], repeats: int) -> str:
+    """How fast these threads read the step's weights once (a sum over each, the plain layout): the
+    floor under a streamed step's time, whatever its arithmetic."""
+    from vlserve.bench.timing import best_ms
+
+    nbytes = sum(w.numel() * w.element_size() for layer in weights for w in layer)
+    ms = best_ms(lambda: [w.sum() for layer in weights for w in layer], repeats)
+    return (f"memory read of the step's weights ({nbytes / 1e6:.0f} MB, torch.sum over each): {ms:.2f} ms, "
+            f"{nbytes / ms / 1e6:.1f} GB/s")
+
+
 def main():
     from vlserve.bench.timing import best_ms
     from vlserve.kernels import decode_gemm
@@ -73,8 +84,9 @@ def main():
     ours = [[decode_gemm.pack(w) for w in layer] for layer in weights] if decode_gemm.decode_gemm_op(dtype) else None
     modules = [cpu_linears(layer) for layer in weights]
     lines = [f"{args.dtype}, {args.threads} threads, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-             f"decode kernel built for {decode_gemm.vector_bits() if ours else 0}-bit vectors, best of {args.repeats}"]
-    print(lines[0], flush=True)
+             f"decode kernel built for {decode_gemm.vector_bits() if ours else 0}-bit vectors, best of {args.repeats}",
+             memory_floor(weights, args.repeats)]
+    print("\n".join(lines), flush=True)
     for rows in map(int, args.rows.split(",")):
         x = {k: torch.randn(rows, k).to(dtype) for _, k in SHAPES}
 
