@@ -1,18 +1,19 @@
 """Storing a step's new K and V into the paged pool: KVPool.write through the fused `store_kv` row
-copies (the CPU path) against KVPool.write through index_copy_ (its fallback, what it ran before), at BENCH_SPEC's KV shape (4 kv heads of 64), K and V
-as views of a fused qkv output, slots scattered over a 200k-slot pool. Wall time per call, the best
-of --repeats runs of --calls calls; the figures are per layer (K and V together).
+copies (the CPU path) against KVPool.write through index_copy_ (its fallback, what it ran before),
+at BENCH_SPEC's KV shape (4 kv heads of 64), K and V as views of a fused qkv output, slots scattered
+over a 200k-slot pool. Wall time per call, the best of --repeats runs of --calls calls; the figures
+are per layer (K and V together).
 
     python benchmarks/kv_store.py --dtype float32 --threads 2 --out benchmarks/results/kv_store_fourteenth.md
 """
 
 import argparse
 import contextlib
-import time
 
 import torch
 
 from vlserve.bench.report import write_report
+from vlserve.bench.timing import best_ms
 from vlserve.memory import kv_pool
 from vlserve.memory.kv_pool import KVPool
 
@@ -32,15 +33,8 @@ def fused_store_off():
 
 
 def per_call_us(fn, calls: int, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        runs.append((time.perf_counter() - start) / calls * 1e6)
-    return min(runs)
+    """One call's time: the best of `repeats` runs of `calls` calls (one call is a few microseconds)."""
+    return best_ms(lambda: [fn() for _ in range(calls)], repeats) / calls * 1e3
 
 
 def main():

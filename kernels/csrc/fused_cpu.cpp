@@ -254,7 +254,7 @@ void store_kv_slots(at::Tensor& k_buffer, at::Tensor& v_buffer, const Slot* s, i
   const auto [lo, hi] = std::minmax_element(s, s + T);
   TORCH_CHECK(*lo >= 0 && *hi < k_buffer.size(0), "store_kv: slot ", *lo < 0 ? *lo : *hi, " is outside the pool of ",
               k_buffer.size(0), " slots");
-  const int64_t H = k_buffer.size(1), D = k_buffer.size(2);
+  const int64_t H = k_buffer.size(1), D = k_buffer.size(2);  // store_kv checked k and v against these
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k_buffer.scalar_type(), "store_kv", [&] {
     store_rows<scalar_t>(k_buffer.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), s, T, H, D, k.stride(0), k.stride(1));
     store_rows<scalar_t>(v_buffer.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), s, T, H, D, v.stride(0), v.stride(1));
@@ -270,12 +270,12 @@ void store_kv(at::Tensor k_buffer, at::Tensor v_buffer, const at::Tensor& slots_
   // the engine's slots are int32 (out_cache_loc): read as they are, no widened copy
   const at::Tensor slots = slots_in.scalar_type() == at::kInt ? slots_in.contiguous() : slots_in.to(at::kLong).contiguous();
   const int64_t T = slots.numel(), H = k_buffer.size(1), D = k_buffer.size(2);
+  TORCH_CHECK(v_buffer.scalar_type() == k_buffer.scalar_type(), "store_kv: K, V and the buffers must share one dtype");
   for (const at::Tensor* x : {&k, &v}) {
     TORCH_CHECK(x->dim() == 3 && x->size(0) == T && x->size(1) == H && x->size(2) == D && x->stride(2) == 1,
                 "store_kv: K and V must be [", T, ", ", H, ", ", D, "] with contiguous rows, got ", x->sizes(),
                 " strides ", x->strides());
-    TORCH_CHECK(x->scalar_type() == k_buffer.scalar_type() && v_buffer.scalar_type() == k_buffer.scalar_type(),
-                "store_kv: K, V and the buffers must share one dtype");
+    TORCH_CHECK(x->scalar_type() == k_buffer.scalar_type(), "store_kv: K, V and the buffers must share one dtype");
   }
   if (T == 0) return;
   if (slots.scalar_type() == at::kInt) {
