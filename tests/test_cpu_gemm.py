@@ -146,9 +146,10 @@ def test_bf16_primitives_are_warmed_at_load_only_with_native_kernels(monkeypatch
                     if cpu_gemm._goes_to_onednn(layers[0], r)]
         assert calls[:len(expected)] == expected and expected
         calls.clear()  # a layer whose calls are too big to be worth warming: only the counts under the cap
-        monkeypatch.setattr(cpu_gemm, "WARM_MAX_FLOP", 2 * 64 * 64 * 40)
+        # (the cap admits the first count oneDNN takes: which that is depends on the CPU's decode rows)
+        monkeypatch.setattr(cpu_gemm, "WARM_MAX_FLOP", 2 * expected[0] * 64 * 40)
         use_cpu_gemm(nn.Linear(64, 40).to(torch.bfloat16))  # a new shape: warmed as it loads
-        assert calls and max(calls) <= 64 and calls == expected[:len(calls)]
+        assert calls == expected[:1]
     calls.clear()
     assert cpu_gemm.warm_onednn([nn.Linear(64, 32)]) == 0  # fp32: built on first use
     assert calls == []

@@ -123,3 +123,40 @@ def _png() -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (40, 30), (200, 40, 40)).save(buf, "PNG")
     return buf.getvalue()
+
+
+def _drop_weights(path: str, pattern: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    file = os.path.join(path, "model.safetensors")
+    state = load_file(file)
+    kept = {k: v for k, v in state.items() if pattern not in k}
+    assert len(kept) < len(state), f"no weight matched {pattern!r}"
+    save_file(kept, file, metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("feature_layer, built", [(-2, 2), (1, 1), ([-3, -2], 2), (-1, 3), ([0, -1], 3)])
+def test_the_tower_stops_at_the_deepest_layer_llava_reads(tmp_path, feature_layer, built):
+    path = make_tiny_model(str(tmp_path / "ckpt"), spec=TinyModelSpec(vision_layers=3, vision_feature_layer=feature_layer))
+    tower = load_model(path).model.vision.vision_tower
+    assert len(tower.encoder.layers) == built
+
+
+def test_weights_of_unbuilt_layers_may_be_absent_but_read_ones_may_not(tmp_path):
+    spec = TinyModelSpec(vision_layers=3, vision_feature_layer=-2)  # reads layer 2's output: layer 3 (index 2) unused
+    path = make_tiny_model(str(tmp_path / "a"), spec=spec)
+    _drop_weights(path, "encoder.layers.2.")
+    assert len(load_model(path).model.vision.vision_tower.encoder.layers) == 2
+    other = make_tiny_model(str(tmp_path / "b"), spec=spec)
+    _drop_weights(other, "encoder.layers.1.")
+    with pytest.raises(CheckpointError, match="missing.*encoder.layers.1"):
+        load_model(other)
+
+
+def test_a_feature_layer_outside_the_tower_is_refused(tmp_path):
+    path = make_tiny_model(str(tmp_path / "ckpt"), spec=TinyModelSpec(vision_layers=2))
+    config = json.load(open(os.path.join(path, "config.json")))
+    config["vision_feature_layer"] = -4  # 3 hidden states: embeddings, layer 1, layer 2
+    json.dump(config, open(os.path.join(path, "config.json"), "w"))
+    with pytest.raises((CheckpointError, ValueError), match="vision_feature_layer -4"):
+        load_model(path)

@@ -13,6 +13,8 @@ SHAPES = {
     "tied-headdim-rope": TinyModelSpec(tie_word_embeddings=True, head_dim=32, num_heads=2, num_kv_heads=1,
                                        rope_theta=500.0, vision_feature_layer=[-2, -1],
                                        rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    # the tower read at two inner layers: its last layer is never built (vision.kept_layers)
+    "inner-feature-layers": TinyModelSpec(vision_layers=4, vision_feature_layer=[-4, -2]),
     **ROPE_SHAPES,
 }
 

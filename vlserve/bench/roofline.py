@@ -5,8 +5,9 @@ FLOPs that had to be computed — an ideal cache computes each distinct prompt p
   its depth p: 2 x decoder linear parameters + attention 4 x (p + 1) x q_heads x head_dim per layer;
   then every decode forward (max_new_tokens - 1 per request) at its position likewise;
 - lm_head: 2 x hidden x vocab per sampled token (max_new_tokens per request);
-- vision: every distinct image (by content hash) once through the CLIP tower (patch conv, 2 x linear
-  parameters per token, attention 4 x tokens x hidden per token per layer) and the projector.
+- vision: every distinct image (by content hash) once through the CLIP tower up to the deepest layer
+  LLaVA reads (patch conv, 2 x linear parameters per token, attention 4 x tokens x hidden per token per
+  layer) and the projector.
 
 GEMM peak: the fastest of F.linear and the CPU GEMM path (cpu_gemm.CpuLinear) on a prefill-sized
 GEMM (rows x 1024 -> 2816, BENCH_SPEC's MLP), with the caller's torch threads. Used by
@@ -22,6 +23,7 @@ from torch import nn
 from vlserve.bench.client import Job
 from vlserve.bench.own_thread import on_own_thread
 from vlserve.model.cpu_gemm import CpuLinear
+from vlserve.model.vision import kept_layers
 
 PEAK_ROWS = 2048
 
@@ -45,7 +47,7 @@ def vision_flops(model, cfg) -> float:
     tokens = patches + 1  # + CLS
     conv = 2 * 3 * cfg.patch_size ** 2 * vc.hidden_size * patches
     tower = 2 * linear_params(model.vision.vision_tower) * tokens
-    attention = 4 * tokens * tokens * vc.hidden_size * vc.num_hidden_layers
+    attention = 4 * tokens * tokens * vc.hidden_size * kept_layers(cfg)
     projector = 2 * linear_params(model.vision.multi_modal_projector) * cfg.tokens_per_image
     return conv + tower + attention + projector
 

@@ -20,7 +20,7 @@ from vlserve.model.config import ModelConfig, parse_dtype
 from vlserve.model.cpu_gemm import native_bf16, native_fp16, use_cpu_gemm
 from vlserve.model.families import Family, family_for
 from vlserve.model.llava import LlavaForServing
-from vlserve.model.vision import SIGLIP_HEAD_PREFIX
+from vlserve.model.vision import unused_checkpoint_key
 from vlserve.preprocess import ImageProcessing
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
     log.info("%s; dtype: %s", family.architecture, note)
     with torch.device("meta"):
         model = family.build_model(cfg)
-    state = {k: v for k, v in read_state_dict(files, cfg.dtype).items() if not k.startswith(SIGLIP_HEAD_PREFIX)}
+    state = {k: v for k, v in read_state_dict(files, cfg.dtype).items() if not unused_checkpoint_key(k, cfg)}
     expected = set(model.state_dict().keys())
     if cfg.text.tie_word_embeddings:
         expected.discard("lm_head.weight")

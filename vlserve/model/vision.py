@@ -1,6 +1,13 @@
-"""The vision side of LLaVA: a CLIP or SigLIP ViT (transformers' classes) and the two-layer MLP projector."""
+"""The vision side of LLaVA: a CLIP or SigLIP ViT (transformers' classes) and the two-layer MLP projector.
+
+LLaVA reads the tower's hidden states at `vision_feature_layer` (LLaVA-1.5: -2, the penultimate
+layer), so the layers after the deepest one read are never built: their outputs would be thrown away
+(a 24-layer CLIP-L read at -2 computes one layer in 24 for nothing; vLLM drops them the same way).
+The loader skips their weights (unused_checkpoint_key).
+"""
 
 import copy
+import re
 
 import torch
 from torch import nn
@@ -24,13 +31,30 @@ class MultiModalProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(x)))
 
 
-def build_vision_tower(vision_hf_config) -> nn.Module:
+def feature_indices(cfg: ModelConfig) -> tuple[int, ...]:
+    """vision_feature_layer as indices from the front of the tower's hidden states (0: the embeddings,
+    i: the output of encoder layer i)."""
+    layers = cfg.vision_feature_layer
+    layers = (layers,) if isinstance(layers, int) else tuple(layers)
+    total = cfg.vision_hf_config.num_hidden_layers + 1
+    if not all(-total <= i < total for i in layers):
+        raise ValueError(f"vision_feature_layer {cfg.vision_feature_layer} is outside the tower's {total} hidden states")
+    return tuple(i % total for i in layers)
+
+
+def kept_layers(cfg: ModelConfig) -> int:
+    """Encoder layers up to the deepest one LLaVA reads (at least one)."""
+    return max(1, *feature_indices(cfg))
+
+
+def build_vision_tower(vision_hf_config, num_layers: int | None = None) -> nn.Module:
     """transformers' tower for the config's model_type (model/families.py has checked it is one of these),
-    its attention through vision_attention.py."""
+    with its first `num_layers` encoder layers (all by default), its attention through vision_attention.py."""
+    vision_hf_config = copy.deepcopy(vision_hf_config)
+    vision_hf_config.num_hidden_layers = num_layers or vision_hf_config.num_hidden_layers
     if vision_hf_config.model_type == "siglip_vision_model":
         # LLaVA reads the encoder's hidden states, never SigLIP's attention-pooling head: leave it out
-        # (the loader drops its weights, SIGLIP_HEAD_PREFIX).
-        vision_hf_config = copy.deepcopy(vision_hf_config)
+        # (the loader drops its weights, unused_checkpoint_key).
         vision_hf_config.vision_use_head = False
         tower = SiglipVisionModel(vision_hf_config)
     else:
@@ -40,6 +64,16 @@ def build_vision_tower(vision_hf_config) -> nn.Module:
 
 
 SIGLIP_HEAD_PREFIX = "vision.vision_tower.head."
+_TOWER_LAYER = re.compile(r"^vision\.vision_tower\.(?:vision_model\.)?encoder\.layers\.(\d+)\.")
+
+
+def unused_checkpoint_key(key: str, cfg: ModelConfig) -> bool:
+    """A checkpoint weight (in the served names) of a part that is not built: SigLIP's pooling head, or
+    an encoder layer past kept_layers(cfg)."""
+    if key.startswith(SIGLIP_HEAD_PREFIX):
+        return True
+    layer = _TOWER_LAYER.match(key)
+    return layer is not None and int(layer.group(1)) >= kept_layers(cfg)
 
 
 class VisionEncoder(nn.Module):
@@ -48,7 +82,7 @@ class VisionEncoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.vision_tower = build_vision_tower(cfg.vision_hf_config)
+        self.vision_tower = build_vision_tower(cfg.vision_hf_config, kept_layers(cfg))
         self.multi_modal_projector = MultiModalProjector(cfg)
 
     @torch.inference_mode()
@@ -60,9 +94,7 @@ class VisionEncoder(nn.Module):
         """The tower's selected hidden states, before the projector: [N, tokens_per_image, vision hidden]."""
         dtype = self.multi_modal_projector.linear_1.weight.dtype
         out = self.vision_tower(pixel_values.to(dtype), output_hidden_states=True)
-        layers = self.cfg.vision_feature_layer
-        layers = (layers,) if isinstance(layers, int) else layers
-        feats = [out.hidden_states[i] for i in layers]
+        feats = [out.hidden_states[i] for i in feature_indices(self.cfg)]
         if self.cfg.vision_feature_select_strategy == "default":
             feats = [f[:, 1:] for f in feats]  # drop CLS (SigLIP has none: transformers drops a patch, so do we)
         return torch.cat(feats, dim=-1)
