@@ -64,7 +64,7 @@ def build_vision_tower(vision_hf_config, num_layers: int | None = None) -> nn.Mo
 
 
 SIGLIP_HEAD_PREFIX = "vision.vision_tower.head."
-_TOWER_LAYER = re.compile(r"^vision\.vision_tower\.(?:vision_model\.)?encoder\.layers\.(\d+)\.")
+_TOWER_LAYER = re.compile(r"^vision\.vision_tower\.encoder\.layers\.(\d+)\.")  # served names (loader.py renames)
 
 
 def unused_checkpoint_key(key: str, cfg: ModelConfig) -> bool:
@@ -82,6 +82,7 @@ class VisionEncoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        self.feature_indices = feature_indices(cfg)
         self.vision_tower = build_vision_tower(cfg.vision_hf_config, kept_layers(cfg))
         self.multi_modal_projector = MultiModalProjector(cfg)
 
@@ -94,7 +95,7 @@ class VisionEncoder(nn.Module):
         """The tower's selected hidden states, before the projector: [N, tokens_per_image, vision hidden]."""
         dtype = self.multi_modal_projector.linear_1.weight.dtype
         out = self.vision_tower(pixel_values.to(dtype), output_hidden_states=True)
-        feats = [out.hidden_states[i] for i in feature_indices(self.cfg)]
+        feats = [out.hidden_states[i] for i in self.feature_indices]
         if self.cfg.vision_feature_select_strategy == "default":
             feats = [f[:, 1:] for f in feats]  # drop CLS (SigLIP has none: transformers drops a patch, so do we)
         return torch.cat(feats, dim=-1)
