@@ -99,6 +99,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     model_dir = args.model or bench_model("/tmp/vlserve-bench-models/bench", BENCH_SPEC)
     systems = [s for s in args.systems.split(",") if s]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:  # an unknown name would otherwise fall through to transformers, mislabelled
+        ap.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
     results = {s: {b: {"prompt_tokens": [], "prefill": [], "decode": []} for b in args.batches} for s in systems}
     skipped = {}
     for rep in range(args.repeats):

@@ -39,13 +39,16 @@ def built_kernel():
     assert op is not None, f"the CPU attention kernel did not build: {cpu_attention.cpu_attention_error()}"
 
 
-# Lengths cross the kernel's 32-key tiles and 16-token query blocks, and include a 1-token request.
-DECODE_LENS = [1, 31, 32, 33, 100, 7]
+# Lengths cross the kernel's 32-key tiles, 16-token query blocks and (300) the decode path's
+# 256-key chunks and 16-key score vectors, and include a 1-token request.
+DECODE_LENS = [1, 31, 32, 33, 100, 7, 300]
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("heads", [(8, 2), (4, 4), (6, 1)], ids=["gqa4", "mha", "mqa6"])
-@pytest.mark.parametrize("head_dim", [64, 128, 40, 20])  # 20: not a whole number of vectors
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4), (6, 1), (16, 2)], ids=["gqa4", "mha", "mqa6", "gqa8"])
+# 32, 64, 128: the decode path's vector counts (AVX-512); 40 and 20 (not a whole number of vectors)
+# the register-blocked tiles and the scalar path
+@pytest.mark.parametrize("head_dim", [64, 128, 32, 40, 20])
 def test_decode_matches_reference(page_size, heads, head_dim, threads):
     batch = random_paged_batch(DECODE_LENS, None, *heads, head_dim, torch.float32, page_size, seed=head_dim)
     out = batch.decode(decode_attention_cpu)

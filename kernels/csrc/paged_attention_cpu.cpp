@@ -16,7 +16,9 @@
 // that walks all kv heads inside each key tile reads whole slots — one contiguous run per slot —
 // instead of one head's short row per slot, four times over. Decode is bound by those reads (the
 // arithmetic per byte is tiny), so items span all kv heads whenever there are enough items to keep
-// every thread busy, and one kv head each otherwise.
+// every thread busy, and one kv head each otherwise. On AVX-512, items of one new token (decode,
+// and a shared pass of a small group) take run_item_decode instead of the tiles: scores for a
+// 256-key chunk straight from the pool, sixteen keys per vector, then the values.
 //
 // Shared prefixes (decode): the radix cache gives every request that shares a prompt prefix the
 // same slots for it, so a decode batch of six questions about one picture, or of 24 continuations
@@ -412,6 +414,130 @@ inline void softmax_block_row(float* s, int64_t n, int64_t visible, float& row_m
   }
 }
 
+inline int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+#if defined(__AVX512F__)
+// Decode items: each row (one q head of the one new token) sees every key, and there are few rows
+// per kv head (the GQA group). Keys go in chunks: first every row's scores for the whole chunk,
+// sixteen keys at a time straight from the pool (16 dot products reduced to one vector by
+// reduce16, no per-key horizontal sum and no copy of the tile), then one softmax step per row over
+// the chunk, then the values summed from the pool into register accumulators. The register-blocked
+// tiles above copied every key and value into scratch first and summed each score horizontally:
+// 7-11 GB/s of KV a core where this path's arithmetic allows far more.
+constexpr int64_t kDecodeChunk = 256;  // keys per softmax step (scores: rows x 256 floats, in L1/L2)
+
+// Scores of one (pre-scaled) q row against sixteen keys' fp32 rows, lane i = key i.
+template <int NV>
+inline __m512 score16(const float* q, const float* const rows[16]) {
+  __m512 qv[NV], acc[16];
+  for (int c = 0; c < NV; ++c) qv[c] = _mm512_loadu_ps(q + c * 16);
+  for (int i = 0; i < 16; ++i) {
+    acc[i] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(rows[i]));
+    for (int c = 1; c < NV; ++c) acc[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(rows[i] + c * 16), acc[i]);
+  }
+  return reduce16(acc);
+}
+
+// Sixteen keys' rows of one kv head as fp32 rows: an fp32 pool's own rows, read in place; any
+// other dtype's widened once into `widened` (16 x 16 NV floats), not once per row of the group.
+template <int NV, typename T>
+inline void key_rows16(const T* const pool_rows[16], float* widened, const float* rows[16]) {
+  for (int i = 0; i < 16; ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      rows[i] = pool_rows[i];
+    } else {
+      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(widened + (i * NV + c) * 16, (__m512)load16(pool_rows[i] + c * 16));
+      rows[i] = widened + i * NV * 16;
+    }
+  }
+}
+
+// out[r] = out[r] + sum_j p[r][j] v[j] for NR rows of NV vectors, keys j in [0, n), v read from
+// the pool (vrow(j)), the accumulators in registers across the chunk.
+template <int NR, int NV, typename T, typename Row>
+inline void accumulate_pool(float* out, int64_t D, const float* p, int64_t p_stride, int64_t n, const Row& vrow) {
+  __m512 acc[NR][NV];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(out + r * D + c * 16);
+  for (int64_t j = 0; j < n; ++j) {
+    const T* v = vrow(j);
+    __m512 vj[NV];
+    for (int c = 0; c < NV; ++c) vj[c] = (__m512)load16(v + c * 16);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r * p_stride + j]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_fmadd_ps(pr, vj[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + r * D + c * 16, acc[r][c]);
+}
+
+// Rows r0 .. r0 + count - 1 (all of one kv head) in blocks of at most 16 / NV accumulating rows.
+template <int NV, typename T, typename Row>
+void accumulate_rows(float* out, int64_t D, const float* p, int64_t n, int64_t count, const Row& vrow) {
+  constexpr int kMaxRows = NV >= 8 ? 2 : 4;
+  int64_t r = 0;
+  for (; r + kMaxRows <= count; r += kMaxRows) {
+    accumulate_pool<kMaxRows, NV, T>(out + r * D, D, p + r * kDecodeChunk, kDecodeChunk, n, vrow);
+  }
+  switch (count - r) {
+    case 3: accumulate_pool<3, NV, T>(out + r * D, D, p + r * kDecodeChunk, kDecodeChunk, n, vrow); break;
+    case 2: accumulate_pool<2, NV, T>(out + r * D, D, p + r * kDecodeChunk, kDecodeChunk, n, vrow); break;
+    case 1: accumulate_pool<1, NV, T>(out + r * D, D, p + r * kDecodeChunk, kDecodeChunk, n, vrow); break;
+    default: break;
+  }
+}
+
+// A decode item's keys key_begin .. num_keys - 1 for its rows (set up in sc: row hh * rows + r),
+// whose state may resume the shared pass's. D = 16 * NV.
+template <int NV, typename T>
+void run_item_decode(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc,
+                     int64_t rows, int64_t key_begin, int64_t num_keys, const int32_t* slots) {
+  const int64_t D = pb.head_dim, total_rows = rows * it.heads, head0 = it.kv_head * D;
+  sc.gemm_s.resize(total_rows * kDecodeChunk);
+  float* s = sc.gemm_s.data();
+  const auto row_of = [&](const T* buffer, int64_t j, int64_t hh) {
+    return buffer + static_cast<int64_t>(slots[j]) * pb.slot_stride + head0 + hh * D;
+  };
+  for (int64_t c0 = key_begin; c0 < num_keys; c0 += kDecodeChunk) {
+    const int64_t n = std::min<int64_t>(kDecodeChunk, num_keys - c0);
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+      // the next sixteen keys' rows and these keys' values (summed after the chunk's scores) to L2
+      const int64_t next = c0 + j0 + 16, next_end = std::min<int64_t>(next + 16, num_keys);
+      for (int64_t hh = 0; hh < it.heads; ++hh) {
+        prefetch_rows(k_buffer, slots, next, next_end, pb.slot_stride, head0 + hh * D, D);
+        prefetch_rows(v_buffer, slots, c0 + j0, std::min<int64_t>(c0 + j0 + 16, num_keys), pb.slot_stride,
+                      head0 + hh * D, D);
+      }
+      const int64_t valid = std::min<int64_t>(16, n - j0);
+      for (int64_t hh = 0; hh < it.heads; ++hh) {
+        const T* pool_rows[16];
+        const float* krows[16];
+        for (int i = 0; i < 16; ++i) pool_rows[i] = row_of(k_buffer, c0 + j0 + std::min<int64_t>(i, valid - 1), hh);
+        key_rows16<NV, T>(pool_rows, sc.k.data(), krows);
+        for (int64_t r = hh * rows; r < (hh + 1) * rows; ++r) {
+          _mm512_storeu_ps(s + r * kDecodeChunk + j0, score16<NV>(sc.q.data() + r * D, krows));
+        }
+      }
+    }
+    for (int64_t r = 0; r < total_rows; ++r) {  // keys past n: padding (repeats of the last), never seen
+      softmax_block_row(s + r * kDecodeChunk, round_up(n, 16), n, sc.row_max[r], sc.row_sum[r],
+                        sc.out.data() + r * D, D);
+    }
+    for (int64_t hh = 0; hh < it.heads; ++hh) {
+      accumulate_rows<NV, T>(sc.out.data() + hh * rows * D, D, s + hh * rows * kDecodeChunk, n, rows,
+                             [&](int64_t j) { return row_of(v_buffer, c0 + j, hh); });
+    }
+  }
+}
+
+// Whether run_item_decode serves an item: one new token, head_dim a multiple of 16 it has code for,
+// and rows that all see every key (a decode row's visible count is its request's length).
+bool decode_path(const Item& it, const Problem& pb) {
+  return it.count == 1 && !it.gemm && pb.causal && (pb.head_dim == 32 || pb.head_dim == 64 || pb.head_dim == 128);
+}
+#endif
+
 // Rows per tile of run_item_bf16 and run_item_f32: a tile's scores, probabilities and output
 // (32 x 512 x 4 B, and less) stay in L1/L2 while it passes over the packed key and value block. A
 // whole item's rows at once (512 rows x 512 keys: 1 MB of scores) spilled out of L2 between the
@@ -425,7 +551,6 @@ inline int64_t keys_seen(const Scratch& sc, int64_t r0, int64_t tile, int64_t j0
   return std::max<int64_t>(0, std::min(n, seen));
 }
 
-inline int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 
 // The long-block paths' walk over one item: key blocks of kGemmKeyBlock from key_begin, each packed
 // once (pack(j0, n, n_pad)), and within a block the row tiles that see some of it:
@@ -675,6 +800,15 @@ void run_item_gemm(const Item& it, const Problem& pb, const T* k_buffer, const T
 template <typename T>
 void run_keys(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc, int64_t rows,
               int64_t key_begin, int64_t num_keys, const int32_t* slots) {
+#if defined(__AVX512F__)
+  if (decode_path(it, pb)) {
+    switch (pb.head_dim) {
+      case 32: run_item_decode<2, T>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots); return;
+      case 64: run_item_decode<4, T>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots); return;
+      default: run_item_decode<8, T>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots); return;
+    }
+  }
+#endif
   if (it.gemm) {
     run_item_gemm<T>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots);
   } else if (pb.head_dim % kLanes == 0) {
