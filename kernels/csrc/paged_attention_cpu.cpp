@@ -17,16 +17,16 @@
 // instead of one head's short row per slot, four times over. Decode is bound by those reads (the
 // arithmetic per byte is tiny), so items span all kv heads whenever there are enough items to keep
 // every thread busy, and one kv head each otherwise. On AVX-512, items of one new token (decode,
-// and a shared pass of a small group) take run_item_decode instead of the tiles: scores for a
+// and the shared pass: see decode_path) take run_item_decode instead of the tiles: scores for a
 // 256-key chunk straight from the pool, sixteen keys per vector, then the values.
 //
 // Shared prefixes (decode): the radix cache gives every request that shares a prompt prefix the
 // same slots for it, so a decode batch of six questions about one picture, or of 24 continuations
 // of one few-shot prompt, would read the same keys six or 24 times a layer. Requests with one new
 // token whose tables begin with the same slots are grouped (find_shared_prefixes); a first pass runs
-// all of a group's query rows against the shared keys as one item — many rows, so through BLAS from
-// kSharedGemmMinRows, each key read once — and keeps every row's unnormalised softmax state
-// (max, sum, output); the second pass resumes each request from that state over its own remaining
+// all of a group's query rows against the shared keys as one item — each key read once; from
+// kSharedGemmMinRows rows a bf16 pool's groups take the bf16 dot products — and keeps every row's
+// unnormalised softmax state (max, sum, output); the second pass resumes each request from that state over its own remaining
 // keys. Cascade attention (FlashInfer) merges two normalised results instead; resuming the online
 // softmax needs no merge step.
 //
@@ -78,8 +78,9 @@ constexpr int kGemmMinRows = 32;
 // most this many members (rows = members x group must fit the scratch; a bigger group is split).
 constexpr int64_t kMinSharedKeys = 32;
 constexpr int64_t kMaxSharedMembers = 32;
-// The shared pass goes through BLAS from this many rows: measured faster than the transposed tiles
-// at 24 rows (six members at GQA 4).
+// The shared pass goes through the long-block paths (run_item_gemm) from this many rows: measured
+// faster than the transposed tiles at 24 rows (six members at GQA 4). On AVX-512 only a bf16 pool's
+// still do (decode_path): the others run_item_decode, faster at every group size measured.
 constexpr int64_t kSharedGemmMinRows = 16;
 
 inline vf select(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
@@ -532,9 +533,18 @@ void run_item_decode(const Item& it, const Problem& pb, const T* k_buffer, const
 }
 
 // Whether run_item_decode serves an item: one new token, head_dim a multiple of 16 it has code for,
-// and rows that all see every key (a decode row's visible count is its request's length).
+// and rows that all see every key (a decode row's visible count is its request's length). A big
+// group's shared pass (it.gemm) too, unless it is a bf16 pool that run_item_gemm multiplies in bf16
+// dot products: those were 1.5-2x faster on it; the fp32 register tiles 1.1-1.3x slower than this.
+template <typename T>
 bool decode_path(const Item& it, const Problem& pb) {
-  return it.count == 1 && !it.gemm && pb.causal && (pb.head_dim == 32 || pb.head_dim == 64 || pb.head_dim == 128);
+  if (it.count != 1 || !pb.causal || !(pb.head_dim == 32 || pb.head_dim == 64 || pb.head_dim == 128)) return false;
+#if defined(VLSERVE_BF16_DOT)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (it.gemm && pb.bf16_dot && vlserve_bf16::supports(pb.head_dim)) return false;
+  }
+#endif
+  return true;
 }
 #endif
 
@@ -801,7 +811,7 @@ template <typename T>
 void run_keys(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer, Scratch& sc, int64_t rows,
               int64_t key_begin, int64_t num_keys, const int32_t* slots) {
 #if defined(__AVX512F__)
-  if (decode_path(it, pb)) {
+  if (decode_path<T>(it, pb)) {
     switch (pb.head_dim) {
       case 32: run_item_decode<2, T>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots); return;
       case 64: run_item_decode<4, T>(it, pb, k_buffer, v_buffer, sc, rows, key_begin, num_keys, slots); return;
