@@ -26,8 +26,8 @@
 // token whose tables begin with the same slots are grouped (find_shared_prefixes); a first pass runs
 // all of a group's query rows against the shared keys as one item — each key read once; from
 // kSharedGemmMinRows rows a bf16 pool's groups take the bf16 dot products — and keeps every row's
-// unnormalised softmax state (max, sum, output); the second pass resumes each request from that state over its own remaining
-// keys. Cascade attention (FlashInfer) merges two normalised results instead; resuming the online
+// unnormalised softmax state (max, sum, output); the second pass resumes each request from that
+// state over its own remaining keys. Cascade attention (FlashInfer) merges two normalised results instead; resuming the online
 // softmax needs no merge step.
 //
 // bf16 pools on CPUs with AVX512_BF16: the BLAS blocks (long extends, big shared groups) run both
@@ -473,7 +473,8 @@ inline void accumulate_pool(float* out, int64_t D, const float* p, int64_t p_str
     for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + r * D + c * 16, acc[r][c]);
 }
 
-// Rows r0 .. r0 + count - 1 (all of one kv head) in blocks of at most 16 / NV accumulating rows.
+// Rows 0 .. count - 1 of one kv head, four at a time (two at NV = 8: the accumulators fill the
+// registers).
 template <int NV, typename T, typename Row>
 void accumulate_rows(float* out, int64_t D, const float* p, int64_t n, int64_t count, const Row& vrow) {
   constexpr int kMaxRows = NV >= 8 ? 2 : 4;
@@ -503,13 +504,11 @@ void run_item_decode(const Item& it, const Problem& pb, const T* k_buffer, const
   for (int64_t c0 = key_begin; c0 < num_keys; c0 += kDecodeChunk) {
     const int64_t n = std::min<int64_t>(kDecodeChunk, num_keys - c0);
     for (int64_t j0 = 0; j0 < n; j0 += 16) {
-      // the next sixteen keys' rows and these keys' values (summed after the chunk's scores) to L2
-      const int64_t next = c0 + j0 + 16, next_end = std::min<int64_t>(next + 16, num_keys);
-      for (int64_t hh = 0; hh < it.heads; ++hh) {
-        prefetch_rows(k_buffer, slots, next, next_end, pb.slot_stride, head0 + hh * D, D);
-        prefetch_rows(v_buffer, slots, c0 + j0, std::min<int64_t>(c0 + j0 + 16, num_keys), pb.slot_stride,
-                      head0 + hh * D, D);
-      }
+      // the next sixteen keys' rows and these keys' values (summed after the chunk's scores) to L2,
+      // all of the item's heads as one run per slot
+      const int64_t next = c0 + j0 + 16, span = it.heads * D;
+      prefetch_rows(k_buffer, slots, next, std::min<int64_t>(next + 16, num_keys), pb.slot_stride, head0, span);
+      prefetch_rows(v_buffer, slots, c0 + j0, std::min<int64_t>(c0 + j0 + 16, num_keys), pb.slot_stride, head0, span);
       const int64_t valid = std::min<int64_t>(16, n - j0);
       for (int64_t hh = 0; hh < it.heads; ++hh) {
         const T* pool_rows[16];
@@ -560,7 +559,6 @@ inline int64_t keys_seen(const Scratch& sc, int64_t r0, int64_t tile, int64_t j0
   const int64_t seen = *std::max_element(sc.visible.begin() + r0, sc.visible.begin() + r0 + tile) - j0;
   return std::max<int64_t>(0, std::min(n, seen));
 }
-
 
 // The long-block paths' walk over one item: key blocks of kGemmKeyBlock from key_begin, each packed
 // once (pack(j0, n, n_pad)), and within a block the row tiles that see some of it:
