@@ -110,12 +110,21 @@ def test_weights_are_packed_at_load_unless_memory_is_short(monkeypatch):
     assert ("_decode_packed" in short.__dict__) == (copies == 2)
 
 
-def test_onednn_row_counts_are_padded_to_a_few_buckets():
-    counts = {cpu_gemm.onednn_rows(r) for r in range(1, 2049)}
+def test_onednn_row_counts_are_padded_to_a_few_buckets_with_amx():
+    counts = {cpu_gemm.onednn_rows(r, coarse=True) for r in range(1, 2049)}
     assert len(counts) <= 48  # each a primitive oneDNN builds once
     for r in range(1, 5000):
-        padded = cpu_gemm.onednn_rows(r)
+        padded = cpu_gemm.onednn_rows(r, coarse=True)
         assert r <= padded <= r + max(15, (r - 1) // 8) and padded % 16 == 0
+
+
+def test_onednn_row_counts_without_amx_take_at_most_15_zero_rows():
+    # there a new count's build is cheap and the coarse buckets' padding was 5-12% more arithmetic
+    for r in range(1, 5000):
+        padded = cpu_gemm.onednn_rows(r, coarse=False)
+        assert r <= padded < r + 16 and padded % 16 == 0
+    assert cpu_gemm.onednn_rows(520, coarse=False) == 528 and cpu_gemm.onednn_rows(520, coarse=True) == 576
+    assert cpu_gemm.onednn_rows(700) == cpu_gemm.onednn_rows(700, coarse=cpu_gemm.amx_bf16())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -133,10 +142,24 @@ def test_padded_onednn_calls_return_the_real_rows_only(dtype, shape):
     torch.testing.assert_close(out.float(), exact, atol=tol * exact.abs().max().item(), rtol=tol)
 
 
-def test_bf16_primitives_are_warmed_at_load_only_with_native_kernels(monkeypatch):
+def test_bf16_primitives_are_not_warmed_without_amx(monkeypatch):
     calls = []
     real = cpu_gemm._onednn
     monkeypatch.setattr(cpu_gemm, "_onednn", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    monkeypatch.setattr(cpu_gemm, "amx_bf16", lambda: False)
+    layer = nn.Linear(64, 32).to(torch.bfloat16)
+    use_cpu_gemm(layer)
+    assert calls == []  # built on first use: cheap there
+    x = torch.randn(37, 64).to(torch.bfloat16)
+    torch.testing.assert_close(layer(x).float(), F.linear(x.float(), layer.weight.float(), layer.bias.float()),
+                               atol=5e-2, rtol=2e-2)
+
+
+def test_bf16_primitives_are_warmed_at_load_with_amx_and_native_kernels(monkeypatch):
+    calls = []
+    real = cpu_gemm._onednn
+    monkeypatch.setattr(cpu_gemm, "_onednn", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    monkeypatch.setattr(cpu_gemm, "amx_bf16", lambda: True)  # the warming logic runs wherever native kernels do
     layers = [nn.Linear(64, 32).to(torch.bfloat16), nn.Linear(64, 32).to(torch.bfloat16)]
     for m in layers:
         use_cpu_gemm(m)  # warms as it loads

@@ -128,15 +128,22 @@ def packed_weights_pay(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
 
 
-def onednn_rows(rows: int) -> int:
+def onednn_rows(rows: int, coarse: bool | None = None) -> int:
     """The row count a half-precision oneDNN call is padded to. oneDNN builds (and JIT-compiles) a
-    primitive for every new shape and caches it: on an AMX Xeon a bf16 linear with a row count it had
-    not seen took 7.1-11 ms against 0.5-1.4 ms (fp32 ~4 against ~2.8), and serving meets a new count at
-    nearly every prefill (every layer type's first layer paid it: ~26 ms a bf16 forward). bf16 and
-    fp16 calls are rounded up to a multiple of 16 (to 256 rows), then of an eighth of the power of two
-    below (32 to 512, 64 to 1,024, ...): eight counts per doubling, each built once, for at most 1/8
-    more rows of arithmetic (the padding rows are zeros, their outputs dropped)."""
-    step = max(16, (1 << ((rows - 1).bit_length() - 1)) // 8) if rows > 1 else 16
+    primitive for every new shape and caches it. Where the CPU has AMX (`coarse`, the default there)
+    the build is dear: on an AMX Xeon a bf16 linear with a row count it had not seen took 7.1-11 ms
+    against 0.5-1.4 ms (fp32 ~4 against ~2.8), and serving meets a new count at nearly every prefill
+    (every layer type's first layer paid it: ~26 ms a bf16 forward). There calls are rounded up to a
+    multiple of 16 (to 256 rows), then of an eighth of the power of two below (32 to 512, 64 to
+    1,024, ...): eight counts per doubling, each built once, for at most 1/8 more rows of arithmetic
+    (the padding rows are zeros, their outputs dropped). Without AMX (AVX512_BF16) a new count's
+    build is ~1 ms a layer shape and oneDNN's rate is level at any count (a Zen 4 EPYC, two threads,
+    400-420 GFLOP/s from 520 to 1,152 rows: `benchmarks/onednn_shapes.py`), while the coarse
+    counts' padding cost 5-12% of a prefill's arithmetic (few_shot's 520 and 784 rows ran as 576 and
+    832): there calls go up to a multiple of 16 only, at most 15 zero rows."""
+    if coarse is None:
+        coarse = amx_bf16()
+    step = max(16, (1 << ((rows - 1).bit_length() - 1)) // 8) if coarse and rows > 1 else 16
     return -(-rows // step) * step
 
 
@@ -244,12 +251,14 @@ WARM_MAX_FLOP = 4e9
 def warm_onednn(layers: list[CpuLinear], max_rows: int = WARM_ROWS) -> int:
     """Runs one bf16 layer of each shape once at every padded row count (onednn_rows) up to max_rows
     that the layer sends to oneDNN, so that the first prefills of each length find their primitives
-    built (see onednn_rows); returns the calls made. bf16 only, where oneDNN has native kernels: its
+    built (see onednn_rows); returns the calls made. bf16 only, and only where the CPU has AMX: its
     AMX primitives are the costly ones to build (the benchmark model's five decoder and four vision
-    tower shapes: ~1 s at load), while fp32's cost little more to build than to run (1.05 s to warm,
-    0.97 s of it arithmetic) and are left to their first use. Larger counts, and calls of more than
-    WARM_MAX_FLOP, are built on first use."""
+    tower shapes: ~1 s at load), while fp32's, and bf16's on AVX512_BF16 without AMX, cost little
+    more to build than to run (fp32: 1.05 s to warm, 0.97 s of it arithmetic) and are left to their
+    first use. Larger counts, and calls of more than WARM_MAX_FLOP, are built on first use."""
     seen, calls = set(), 0
+    if not amx_bf16():
+        return 0
     with torch.inference_mode():
         for m in layers:
             key = (m.in_features, m.out_features, m.weight.dtype, m.bias is not None, m.__dict__.get("pack", True))
