@@ -18,8 +18,9 @@
 // the blocks' weight loads, kRows broadcasts of x, kRows x 16 x kColBlocks products (AVX-512 6 x 4
 // blocks: 24 accumulators of 32 registers; AVX2 6 x 1 block of two 8-float vectors: 12 of 16, and
 // in bf16 4 x 1). K runs in chunks of kChunkSteps steps so that a column group's chunk of weights stays
-// in L1 while every row block passes over it; the passes also fetch the next chunk ahead (the first
-// pass would otherwise wait on memory: that alone was 1.3x at 24 rows on AVX-512) into L2
+// near (AVX-512: L2, AVX2: L1) while every row block passes over it; the passes also fetch the next
+// chunk ahead (the first pass would otherwise wait on memory: that alone was 1.3x at 24 rows on
+// AVX-512) into L2
 // (prefetcht1: on an Intel Xeon 1.1x prefetcht0 at 22-32 rows, the whole model's weights streamed,
 // whose L1 fill buffers ran short; not yet measured again on the Zen 5 where T0 was chosen). Rows go in panels
 // of kPanelRows, whose partial sums wait in a small fp32 buffer between chunks. Threads split the
@@ -107,10 +108,16 @@ at::Tensor pack_weight(const at::Tensor& w_in) {
 
 #if VLSERVE_DECODE_GEMM == 512
 
-// 6 x 4 measured best of 4x4, 8x3, 4x6 at 24 rows and level at 520 (chunks of 64 / 256 steps and
-// panels of 192 rows: no better).
+// 6 x 4 measured best of 4x4, 8x3, 4x6 at 24 rows and level at 520 (panels of 192 rows: no better;
+// on a Zen 4 EPYC 8 x 3, 12 x 2 and 4 x 6 were level with it).
 constexpr int kColBlocks = 4;
-constexpr int64_t kChunkSteps = 128;  // 128 steps x 4 blocks x 64 bytes = 32 KB of weights in L1
+// 1024 steps x 4 blocks x 64 bytes = 256 KB of weights, held in L2 while the row passes go over
+// them (a whole K of up to 1024 steps). On a Zen 4 EPYC (two threads, the model's weights
+// streamed) this was 1.03-1.2x chunks of 128 steps (32 KB, in L1) from 12 to 64 rows in bf16 and
+// fp32, level at 8: fewer chunks, fewer trips of the accumulators through memory, and the next
+// chunk fetched over a longer stretch. The 128-step chunks had measured best of 64 / 128 / 256
+// on a Zen 5 core, whose L1 is 48 KB.
+constexpr int64_t kChunkSteps = 1024;
 constexpr int64_t kPanelRows = 96;    // rows whose partial sums (24 KB) and x chunk stay near
 
 struct Fp32 {
@@ -170,11 +177,13 @@ struct Ahead {
 };
 
 // AVX-512: up to this many row passes a chunk, the first pass fetches the whole next chunk; more,
-// and the passes share it. On a Xeon (two threads, the model's weights streamed, fp32) the first
-// pass alone was 1.2-1.3x at 7-12 rows (two passes) and 1.07-1.1x at 20-24 (four), 0.95x at 13-18
-// (three) and 0.87-0.95x from 32 rows up. AVX2 (tuned on Zen 3) always shares.
+// and the passes share it. On a Xeon (two threads, the model's weights streamed, fp32, 32 KB
+// chunks) the first pass alone was 1.2-1.3x at 7-12 rows (two passes) and 1.07-1.1x at 20-24
+// (four), 0.95x at 13-18 (three) and 0.87-0.95x from 32 rows up. With the 256 KB chunks on a Zen 4
+// sharing from three passes up measured level or better than from five. AVX2 (tuned on Zen 3)
+// always shares.
 #if VLSERVE_DECODE_GEMM == 512
-constexpr int64_t kWholeChunkFetchPasses = 4;
+constexpr int64_t kWholeChunkFetchPasses = 2;
 #else
 constexpr int64_t kWholeChunkFetchPasses = 0;
 #endif
