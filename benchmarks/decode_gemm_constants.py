@@ -16,16 +16,16 @@ next chunk). AVX-512 only (the AVX2 build has constants of its own).
 import argparse
 import os
 import re
+import shutil
 import tempfile
 
 import torch
 
 from vlserve.bench.report import write_report
 from vlserve.bench.timing import best_ms
+from decode_gemm_stream import LAYERS, SHAPES  # beside this file: the decode step it times
 
 SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "csrc")
-SHAPES = [(1536, 1024), (1024, 1024), (5632, 1024), (1024, 2816)]  # qkv, o, gate_up, down: (out, in)
-LAYERS = 8
 CONSTANTS = {"chunk": r"(constexpr int64_t kChunkSteps = )(\d+)(;)",
              "whole": r"(#if VLSERVE_DECODE_GEMM == 512\nconstexpr int64_t kWholeChunkFetchPasses = )(\d+)(;)"}
 
@@ -48,8 +48,7 @@ def build(name: str, source: str, workdir: str):
     where = os.path.join(workdir, name)
     os.makedirs(where, exist_ok=True)
     for header in ("vec_cpu.h", "amx_cpu.h"):
-        with open(os.path.join(SOURCE_DIR, header)) as f, open(os.path.join(where, header), "w") as g:
-            g.write(f.read())
+        shutil.copy(os.path.join(SOURCE_DIR, header), where)
     path = os.path.join(where, "decode_gemm.cpp")
     with open(path, "w") as f:
         f.write(source)

@@ -17,14 +17,13 @@
 // Register block: Op::kRows rows x kColBlocks column blocks of fp32 accumulators. Per step:
 // the blocks' weight loads, kRows broadcasts of x, kRows x 16 x kColBlocks products (AVX-512 6 x 4
 // blocks: 24 accumulators of 32 registers; AVX2 6 x 1 block of two 8-float vectors: 12 of 16, and
-// in bf16 4 x 1). K runs in chunks of kChunkSteps steps so that a column group's chunk of weights stays
-// near (AVX-512: L2, AVX2: L1) while every row block passes over it; the passes also fetch the next
-// chunk ahead (the first pass would otherwise wait on memory: that alone was 1.3x at 24 rows on
-// AVX-512) into L2
-// (prefetcht1: on an Intel Xeon 1.1x prefetcht0 at 22-32 rows, the whole model's weights streamed,
-// whose L1 fill buffers ran short; not yet measured again on the Zen 5 where T0 was chosen). Rows go in panels
-// of kPanelRows, whose partial sums wait in a small fp32 buffer between chunks. Threads split the
-// column groups.
+// in bf16 4 x 1). K runs in chunks of kChunkSteps steps so that a column group's chunk of weights
+// stays near (AVX-512: L2, AVX2: L1) while every row block passes over it; the passes also fetch
+// the next chunk ahead (the first pass would otherwise wait on memory: that alone was 1.3x at 24
+// rows on AVX-512) into L2 (prefetcht1: on an Intel Xeon 1.1x prefetcht0 at 22-32 rows, the whole
+// model's weights streamed, whose L1 fill buffers ran short; T0 slower on a Zen 4 too; not measured
+// again on the Zen 5 where T0 was first chosen). Rows go in panels of kPanelRows, whose partial sums
+// wait in a small fp32 buffer between chunks. Threads split the column groups.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -115,8 +114,8 @@ constexpr int kColBlocks = 4;
 // them (a whole K of up to 1024 steps). On a Zen 4 EPYC (two threads, the model's weights
 // streamed, `benchmarks/decode_gemm_constants.py`) this was 1.05-1.14x chunks of 128 steps (32 KB,
 // in L1) from 16 to 64 rows in bf16 and fp32, level at 8-12: fewer chunks, fewer trips of the
-// accumulators through memory, and the next chunk fetched over a longer stretch. The 128-step chunks had measured best of 64 / 128 / 256
-// on a Zen 5 core, whose L1 is 48 KB.
+// accumulators through memory, and the next chunk fetched over a longer stretch. The 128-step
+// chunks had measured best of 64 / 128 / 256 on a Zen 5 core, whose L1 is 48 KB.
 constexpr int64_t kChunkSteps = 1024;
 constexpr int64_t kPanelRows = 96;    // rows whose partial sums (24 KB) and x chunk stay near
 

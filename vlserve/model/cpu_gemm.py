@@ -256,9 +256,9 @@ def warm_onednn(layers: list[CpuLinear], max_rows: int = WARM_ROWS) -> int:
     tower shapes: ~1 s at load), while fp32's, and bf16's on AVX512_BF16 without AMX, cost little
     more to build than to run (fp32: 1.05 s to warm, 0.97 s of it arithmetic) and are left to their
     first use. Larger counts, and calls of more than WARM_MAX_FLOP, are built on first use."""
-    seen, calls = set(), 0
     if not amx_bf16():
         return 0
+    seen, calls = set(), 0
     with torch.inference_mode():
         for m in layers:
             key = (m.in_features, m.out_features, m.weight.dtype, m.bias is not None, m.__dict__.get("pack", True))
