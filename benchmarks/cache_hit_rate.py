@@ -12,7 +12,7 @@ first token; one step = one round) and each request's computed tokens beyond the
 are its missed tokens, classified as
 - "last token": the whole prompt was cached already but the engine computes >= 1 token (its logits);
 - "same round": it shares an uncached prefix with a request prefilled in the same round (in-batch
-  sharing defers only prefixes of >= prefix_share_threshold tokens);
+  sharing reuses, or waits for, only prefixes of >= prefix_share_threshold tokens);
 - "other": the cache held the prefix when the request's prefill finished, yet the request did not
   get it (e.g. it was admitted while the request that computes the prefix was still on an earlier
   chunk of a chunked prefill before that chunk was inserted into the tree).

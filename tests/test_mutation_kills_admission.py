@@ -1,5 +1,5 @@
 """Admission and KV ownership at their edges, directly on a small pool: CacheManager's accounting and
-PrefillAdmission's decode reserve and shared-prefix deferral (survivors of the mutation runs on
+PrefillAdmission's decode reserve and in-batch prefix sharing (survivors of the mutation runs on
 vlserve/scheduler/cache_manager.py and prefill.py: benchmarks/results/mutation_admission.md)."""
 
 import pytest
@@ -87,18 +87,19 @@ def test_a_prompt_and_its_reserve_must_fit_the_pool():
     assert [p.req for p in admission(cm).admit([fits], [], token_budget=64)] == [fits]
 
 
-def test_no_shared_prefix_deferral_without_a_cache_or_without_a_threshold():
-    # the second request shares its whole prompt with the first: with a cache and a threshold it would
-    # wait a round to hit the first one's KV; without a cache there is nothing to wait for
+def test_no_in_batch_sharing_without_a_cache_or_without_a_threshold():
+    # the second request shares all but its last token with the first: with a cache and a threshold
+    # it borrows the first one's slots for them; without a cache there is nothing to share
     def two() -> list[Req]:
         prompt = list(range(1, 9))
         return [Req("a", prompt + [20], SamplingParams(max_new_tokens=2)),
                 Req("b", prompt + [21], SamplingParams(max_new_tokens=2))]
     for cm, threshold in ((manager(disable_radix_cache=True), 4), (manager(), 0)):
         planned = admission(cm, prefix_share_threshold=threshold).admit(two(), [], token_budget=64)
-        assert [p.req.rid for p in planned] == ["a", "b"]
-    deferring = admission(manager(), prefix_share_threshold=4).admit(two(), [], token_budget=64)
-    assert [p.req.rid for p in deferring] == ["a"]
+        assert [(p.req.rid, p.num_tokens) for p in planned] == [("a", 9), ("b", 9)]
+        assert planned[1].req.borrowed is None
+    sharing = admission(manager(), prefix_share_threshold=4).admit(two(), [], token_budget=64)
+    assert [(p.req.rid, p.num_tokens) for p in sharing] == [("a", 9), ("b", 1)]
 
 
 def test_the_radix_cache_is_on_unless_disabled():

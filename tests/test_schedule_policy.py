@@ -185,34 +185,3 @@ def test_lpm_matches_only_the_oldest_candidates():
     reqs = [Req("a", [9], 0), Req("b", [1], 1), Req("c", [1, 2, 3], 2)]
     assert names(policy.order(reqs)) == ["b", "a", "c"]
     assert reqs[2].matched_len == 0
-
-
-def test_defer_shared_prefix_waits_one_round():
-    cache = cache_with(SYS)
-    policy = SchedulePolicy("fcfs", cache)
-    r1 = Req("r1", SYS + [10, 11, 12, 13, 14], 0)
-    r2 = Req("r2", SYS + [10, 11, 12, 13, 20], 1)  # shares 4 uncached tokens with r1
-    r3 = Req("r3", SYS + [30, 31], 2)  # shares only the cached system prompt
-    r4 = Req("r4", [10, 11, 12, 13], 3)  # same tokens, not a shared prefix
-    admit, wait = policy.defer_shared_prefix([r1, r2, r3, r4], threshold_tokens=4)
-    assert (names(admit), names(wait)) == (["r1", "r3", "r4"], ["r2"])
-    assert [r.matched_len for r in (r1, r2, r3, r4)] == [3, 3, 3, 0]
-    admit, wait = policy.defer_shared_prefix([r1, r2, r3, r4], threshold_tokens=5)
-    assert wait == []
-    # next round r1's prompt is cached, so r2 hits it and nothing is shared uncached
-    pool = Pool()
-    cache.insert(r1.seq, pool.alloc(len(r1.seq)))
-    r5 = Req("r5", SYS + [10, 11, 12, 13, 21], 4)
-    admit, wait = policy.defer_shared_prefix([r2, r5], threshold_tokens=4)
-    assert (names(admit), wait) == (["r2", "r5"], [])
-    assert r2.matched_len == 7
-
-
-def test_overdue_requests_are_never_deferred():
-    policy = SchedulePolicy("fcfs", cache_with(), max_wait_steps=1)
-    policy.now_step = 5
-    first, late = Req("first", [1, 2, 3, 4], 4), Req("late", [1, 2, 3, 5], 0)
-    admit, wait = policy.defer_shared_prefix([first, late], threshold_tokens=2)
-    assert (names(admit), wait) == (["first", "late"], [])
-    with pytest.raises(ValueError, match="threshold_tokens"):
-        policy.defer_shared_prefix([first], threshold_tokens=0)

@@ -68,19 +68,64 @@ def test_lpm_without_aging_pressure_prefers_cache_hits(model_dir):
     assert order[-1] is cold
 
 
-def test_in_batch_prefix_sharing_computes_a_shared_prefix_once(model_dir):
-    engine = _stepped_engine(model_dir, schedule_policy="fcfs")
+def _greedy_texts(engine, prompts, max_new_tokens=6) -> list[str]:
+    reqs = [engine.make_request(prompt=p, sampling_params={"max_new_tokens": max_new_tokens, "ignore_eos": True,
+                                                           "temperature": 0}, return_logprob=True)
+            for p in prompts]
+    outputs = {r.rid: [] for r in reqs}
+    for r in reqs:
+        r.sink = lambda out, rid=r.rid: outputs[rid].extend(out.new_ids)
+        engine.scheduler.add(r)
+    _finished_step(engine, reqs[-1])
+    assert all(r.finished for r in reqs)
+    return reqs, [outputs[r.rid] for r in reqs]
+
+
+def _first_logprobs(reqs) -> list[float]:
+    return [r.output_logprobs[0] for r in reqs]
+
+
+def test_in_batch_prefix_sharing_computes_a_shared_prefix_once_in_the_same_forward(model_dir):
     shared = "USER: " + " ".join(f"word{i}" for i in range(40)) + " question "
-    reqs = [engine.make_request(prompt=shared + str(i), sampling_params={"max_new_tokens": 1}) for i in range(4)]
+    prompts = [shared + str(i) for i in range(4)]
+    engine = _stepped_engine(model_dir, schedule_policy="fcfs")
+    forwards = engine.metrics.forward_passes.labels(mode="prefill")
+    before = forwards._value.get()
+    reqs, ids = _greedy_texts(engine, prompts)
+    assert forwards._value.get() - before == 1  # one prefill forward: the followers borrowed, none waited
+    prefix = len(engine.make_request(prompt=shared, sampling_params={}).input_ids)
+    assert all(r.cached_tokens >= prefix - 1 for r in reqs[1:])
+    engine.scheduler.cm.check_idle_accounting()
+    alone = _stepped_engine(model_dir, schedule_policy="fcfs", prefix_share_threshold=0)
+    alone_reqs, alone_ids = _greedy_texts(alone, prompts)
+    assert alone_ids == ids  # the borrowed keys are the ones each would compute
+    # the first token came from the shared forward: its logprob says the follower saw the right keys
+    assert _first_logprobs(reqs) == pytest.approx(_first_logprobs(alone_reqs), abs=1e-4)
+    alone.scheduler.cm.check_idle_accounting()
+
+
+def test_a_failed_forward_with_borrowed_kv_leaks_nothing(model_dir, monkeypatch):
+    shared = "USER: " + " ".join(f"word{i}" for i in range(40)) + " question "
+    engine = _stepped_engine(model_dir, schedule_policy="fcfs")
+    real_forward = engine.runner.forward
+    calls = []
+
+    def failing_once(batch):
+        calls.append(batch)
+        if len(calls) == 1:
+            raise RuntimeError("injected")
+        return real_forward(batch)
+
+    monkeypatch.setattr(engine.runner, "forward", failing_once)
+    reqs = [engine.make_request(prompt=shared + str(i), sampling_params={"max_new_tokens": 2}) for i in range(3)]
     for r in reqs:
         engine.scheduler.add(r)
     engine.step()
-    assert reqs[0].finished and not any(r.finished for r in reqs[1:])  # the others waited one round
-    for _ in range(3):
-        engine.step()
-    assert all(r.finished for r in reqs)
-    prefix = len(engine.make_request(prompt=shared, sampling_params={}).input_ids)
-    assert all(r.cached_tokens >= prefix - 1 for r in reqs[1:])
+    assert all(r.finish_reason == "error" for r in reqs)
+    engine.scheduler.cm.check_idle_accounting()
+    assert engine.scheduler.cm.allocator.num_free_slots == engine.scheduler.cm.capacity  # nothing freed twice
+    _, ids = _greedy_texts(engine, [shared + "0", shared + "1"], max_new_tokens=2)
+    assert [len(x) for x in ids] == [2, 2]
     engine.scheduler.cm.check_idle_accounting()
 
 

@@ -66,6 +66,19 @@ def _as_tokens(key: Sequence[int] | torch.Tensor) -> list[int]:
     return list(key)
 
 
+class _NoSlots:
+    """The freer of a key-only tree: its values are not pool slots, nothing is given back."""
+
+    def free(self, indices: torch.Tensor) -> None:
+        pass
+
+
+def key_trie() -> "RadixCache":
+    """A radix tree over token ids whose values are the caller's own (ordering and sharing decisions
+    in the scheduler): same matching, no slots behind it."""
+    return RadixCache(_NoSlots())
+
+
 class RadixCache:
     def __init__(
         self,

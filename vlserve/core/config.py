@@ -78,7 +78,8 @@ class EngineArgs(CLIArgs):
     max_images_per_request: int = 16
     new_token_ratio: float = 0.4
     prefix_share_threshold: int = _opt(4, "in-batch prefix sharing: a request sharing this many uncached tokens "
-                                          "with one admitted this round waits a round (0 = off)")
+                                          "with one admitted this round reuses its KV in the same forward, or "
+                                          "waits a round where it cannot (0 = off)")
     max_wait_steps: int = _opt(512, "aging: a request waiting this many steps goes first")
     disable_jump_forward: bool = False
     request_timeout: float | None = _opt(None, "seconds a request may wait and run; past it, it ends with an error "

@@ -4,7 +4,8 @@ Who writes which field of Req (docs/ARCHITECTURE.md, "Who writes a request"): ea
 owner, and only that owner's methods assign it; everyone else reads.
 - engine (request building, engine/request_builder.py): everything up to `sink`, before submission;
 - scheduler.policy: matched_len (a hint for ordering; never trusted for admission);
-- scheduler.cache_manager: req_row, kv_len, tree_len, last_node, cached_tokens (the KV it owns);
+- scheduler.cache_manager: req_row, kv_len, tree_len, borrowed, last_node, cached_tokens (the KV it
+  owns, and the KV it borrows for one step);
 - scheduler.scheduler (process) and scheduler/request_stats.py: output_ids, output_logprobs,
   input_logprobs, finish_reason, admit/first/last token times, and the constraint state's advance
   and jumps (scheduler/constraints.py);
@@ -73,6 +74,9 @@ class Req:
     req_row: int | None = None
     kv_len: int = 0  # positions 0..kv_len-1 have KV in the pool (mapped in req_to_token)
     tree_len: int = 0  # of those, the first tree_len are owned by the radix tree (last_node's path)
+    # positions [start, end) whose slots another request of this step computes (round_sharing.py);
+    # None once the step is processed (CacheManager.settle)
+    borrowed: tuple[int, int] | None = None
     last_node: Any = None  # locked TreeNode, or None when not admitted
     cached_tokens: int = -1  # prompt tokens served from the cache at first admission (-1 = not yet)
     # scheduler (process)

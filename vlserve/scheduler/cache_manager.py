@@ -2,7 +2,10 @@
 
 A running request's positions 0..kv_len-1 have slots in its req_to_token row. The first
 tree_len of them belong to the radix tree (the path of its locked last_node); the rest are the
-request's own until it hands them to the tree (insert) or frees them. Pool accounting
+request's own until it hands them to the tree (insert) or frees them — except, for the one step
+between admission and process, a `borrowed` range right after tree_len: slots of another request
+of the same step that computes those positions (in-batch sharing, round_sharing.py), which the
+borrower never frees or inserts; settle() turns them into a lock on the tree's copy. Pool accounting
 (docs/ARCHITECTURE.md, invariant 1): free + tree tokens + request-owned tokens == capacity; when
 idle, free + tree == capacity. Only this class writes a request's KV fields (req_row, kv_len,
 tree_len, last_node, cached_tokens).
@@ -60,6 +63,34 @@ class CacheManager:
             req.cached_tokens = match.prefix_len
         return True
 
+    def borrow(self, req: Req, leader: Req, end: int) -> None:
+        """Right after admit: req's positions [kv_len, end) take leader's slots, which leader's extend in
+        this step computes (leader is planned before req, and processed before it)."""
+        start = req.kv_len
+        self.rows.write(req.req_row, start, self.rows.read(leader.req_row, start, end))
+        req.borrowed, req.kv_len = (start, end), end
+        if req.admit_time is None:  # first admission: the borrowed prompt tokens are not computed for it
+            req.cached_tokens = end
+
+    def settle(self, req: Req) -> bool:
+        """After the step that computed req's borrowed range: req locks the tree's copy of it, as of a
+        cached prefix. False when the tree lacks it (the leader's forward failed): then req's KV
+        from the borrowed range on is dropped (its own slots freed)."""
+        if req.borrowed is None:
+            return True
+        start, end = req.borrowed
+        req.borrowed = None
+        match = self.cache.match_prefix(req.seq[:end])
+        if match.prefix_len < end:
+            self.allocator.free(self.rows.read(req.req_row, end, req.kv_len))
+            req.kv_len = start
+            return False
+        self.rows.write(req.req_row, 0, match.indices)  # the tree may hold a copy other than the leader's
+        self.cache.lock(match.node)
+        self.cache.unlock(req.last_node)
+        req.last_node, req.tree_len = match.node, end
+        return True
+
     def alloc(self, req: Req, n: int) -> torch.Tensor:
         """Slots for req's next n positions, evicting unlocked cache leaves if needed."""
         need = self.allocator.slots_needed(req.kv_len, n)
@@ -83,12 +114,15 @@ class CacheManager:
         computed = req.kv_len
         req.kv_len += n
         self.rewind(req, computed)
+        if req.borrowed is not None:  # the lender's KV failed with it
+            req.kv_len, req.borrowed = req.borrowed[0], None
 
     # ---- handing KV to the tree -----------------------------------------------------------------
     def cache_prefix(self, req: Req) -> None:
         """After a prefill: put seq[:kv_len] in the tree so later arrivals share it while req decodes."""
         if self.cache.disabled:
             return
+        self.settle(req)
         aligned = self._insert(req)
         match = self.cache.match_prefix(req.seq[:aligned])
         self.rows.write(req.req_row, 0, match.indices)
@@ -100,6 +134,7 @@ class CacheManager:
         """Finish, abort or retract: computed KV goes to the tree (or is freed), locks and row released."""
         if req.req_row is None:
             return
+        self.settle(req)
         if self.cache.disabled:
             self.allocator.free(self.rows.read(req.req_row, req.tree_len, req.kv_len))
         else:

@@ -1,4 +1,4 @@
-"""Order of the waiting queue (SGLang paper §3, Theorem 3.1) and in-batch prefix sharing.
+"""Order of the waiting queue (SGLang paper §3, Theorem 3.1). In-batch prefix sharing: round_sharing.py.
 
 Policies:
 - "lpm": longest cached prefix first. Processing requests one at a time in this order, inserting
@@ -26,25 +26,14 @@ from typing import Protocol
 
 import torch
 
-from vlserve.cache.radix_cache import RadixCache, TreeNode
+from vlserve.cache.radix_cache import RadixCache, TreeNode, key_trie
 from vlserve.core.config import SCHEDULE_POLICIES, EngineArgs
 
 
 class WaitingReq(Protocol):
     seq: list[int]  # the full radix key so far (prompt, pseudo tokens, output)
     arrival_step: int
-    matched_len: int  # written by lpm, dfs-weight and defer_shared_prefix: cached prefix length
-
-
-class _DiscardSlots:
-    """Allocator for key-only radix trees: there are no slots to give back."""
-
-    def free(self, indices: torch.Tensor) -> None:
-        pass
-
-
-def _key_trie() -> RadixCache:
-    return RadixCache(_DiscardSlots())
+    matched_len: int  # written by lpm and dfs-weight: cached prefix length
 
 
 def _insert_key(trie: RadixCache, key: list[int]) -> None:
@@ -103,35 +92,13 @@ class SchedulePolicy:
             head = _dfs_weight_order(head)
         return overdue + head + tail
 
-    def defer_shared_prefix(
-        self, ordered: list[WaitingReq], threshold_tokens: int, in_flight: list[list[int]] = ()
-    ) -> tuple[list[WaitingReq], list[WaitingReq]]:
-        """Splits ordered into (admit_now, wait_one_round): a request whose uncached part shares at
-        least threshold_tokens with a request admitted earlier in this round waits, so the shared
-        part is computed once and hit from the cache next round. Overdue requests never wait."""
-        if threshold_tokens < 1:
-            raise ValueError(f"threshold_tokens must be >= 1, got {threshold_tokens}")
-        chosen = _key_trie()
-        for key in in_flight:  # prompts still being prefilled (chunked): their KV is on its way
-            _insert_key(chosen, key)
-        admit_now, wait_one_round = [], []
-        for req in ordered:
-            req.matched_len = self.cache.peek_prefix_len(req.seq)
-            shared_uncached = chosen.peek_prefix_len(req.seq) - req.matched_len
-            if shared_uncached >= threshold_tokens and not self.is_overdue(req):
-                wait_one_round.append(req)
-                continue
-            admit_now.append(req)
-            _insert_key(chosen, req.seq)
-        return admit_now, wait_one_round
-
 
 def _dfs_weight_order(reqs: list[WaitingReq]) -> list[WaitingReq]:
     """Depth-first walk over the tree of the requests' cached prefixes, heavier subtrees first.
 
     The walk runs on a private trie of those prefixes, so the real cache is neither split nor
     touched. reqs come in arrival order; position breaks weight ties."""
-    trie = _key_trie()
+    trie = key_trie()
     for req in reqs:
         _insert_key(trie, req.seq[: req.matched_len])
     ends: dict[TreeNode, list[WaitingReq]] = {}

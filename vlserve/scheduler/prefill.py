@@ -4,7 +4,8 @@ Requests are taken in policy order and admission stops at the first that does no
 policy's order (lpm = a DFS of the radix tree) is what the cache sees. Memory: an admitted request
 needs slots for the tokens it prefills now plus a reserve for its decode (remaining new tokens ×
 new_token_ratio); the running requests' reserves are held back the same way. Retraction is the
-safety valve when the estimate is too low.
+safety valve when the estimate is too low. In-batch sharing (round_sharing.py): a request sharing
+an uncached prefix with one admitted before it borrows that one's slots, or waits a round.
 """
 
 from vlserve.core.request import Req
@@ -12,6 +13,7 @@ from vlserve.core.step import PlannedExtend
 from vlserve.memory.allocator import OutOfSlots
 from vlserve.scheduler.cache_manager import CacheManager
 from vlserve.scheduler.policy import SchedulePolicy
+from vlserve.scheduler.round_sharing import RoundSharing
 
 
 class PrefillAdmission:
@@ -28,17 +30,24 @@ class PrefillAdmission:
     def admit(self, waiting: list[Req], running: list[Req], token_budget: int) -> list[PlannedExtend]:
         """The first extends of the waiting requests admitted now, in policy order. The caller moves
         them from its waiting queue to its running list."""
-        ordered = self.policy.order(waiting)
-        if not self.cm.cache.disabled and self.prefix_share_threshold > 0:
-            in_flight = [r.seq for r in running if r.pending_len > 1]
-            ordered, _ = self.policy.defer_shared_prefix(ordered, self.prefix_share_threshold, in_flight)
+        sharing = self._round_sharing(running)
         reserved = sum(self.reserve(r) for r in running)
         planned = []
-        for req in ordered:
+        for req in self.policy.order(waiting):
             if token_budget <= 0 or len(running) + len(planned) >= self.max_running_requests:
                 break
+            lend = None
+            if sharing is not None:
+                cached = self.cm.cache.peek_prefix_len(req.seq)
+                lend = sharing.lender(req, cached)
+                if lend is None and sharing.must_wait(req, cached) and not self.policy.is_overdue(req):
+                    continue  # hits this round's KV from the cache next round
             if not self.cm.admit(req):
                 break
+            if lend is not None and req.kv_len != cached:  # the hit was capped (its last token, logprobs)
+                lend = sharing.lender(req, req.kv_len)
+            if lend is not None:
+                self.cm.borrow(req, lend.leader, lend.end)
             n = min(req.pending_len, token_budget)
             need = self.cm.allocator.slots_needed(req.kv_len, n)
             if n == req.pending_len:
@@ -48,9 +57,17 @@ class PrefillAdmission:
                     raise OutOfSlots(f"need {need} slots")
                 slots = self.cm.alloc(req, n)
             except OutOfSlots:
-                self.cm.release(req)  # unlocks its prefix and gives back its row
+                self.cm.release(req)  # unlocks its prefix, drops what it borrowed, gives back its row
                 break
             planned.append(PlannedExtend(req, n, slots))
+            if sharing is not None:
+                sharing.add(req, req.kv_len + n)
             token_budget -= n
             reserved += self.reserve(req)
         return planned
+
+    def _round_sharing(self, running: list[Req]) -> RoundSharing | None:
+        if self.cm.cache.disabled or self.prefix_share_threshold <= 0:
+            return None
+        in_flight = [r.seq for r in running if r.pending_len > 1]  # prompts in chunked prefill
+        return RoundSharing(self.prefix_share_threshold, self.cm.page_size, in_flight)

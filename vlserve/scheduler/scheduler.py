@@ -134,6 +134,10 @@ class Scheduler:
             was_prefill = req.pending_len > 1 or not req.output_ids
             req.input_logprobs.extend(input_lps)
             self.cm.advance(req, p.num_tokens)
+            if not self.cm.settle(req):  # its lender, planned before it, is processed by now
+                self._finish(req, "error", error="internal error: the KV this request shared with another "
+                                                 "request of its batch is gone")
+                continue
             if req.kv_len < req.seq_len:
                 # A chunk of a longer prefill: share it now, so requests with the same long prefix
                 # (questions on one video) admitted next step hit it instead of recomputing it.
