@@ -85,10 +85,11 @@ def _first_logprobs(reqs) -> list[float]:
     return [r.output_logprobs[0] for r in reqs]
 
 
-def test_in_batch_prefix_sharing_computes_a_shared_prefix_once_in_the_same_forward(model_dir):
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_in_batch_prefix_sharing_computes_a_shared_prefix_once_in_the_same_forward(model_dir, page_size):
     shared = "USER: " + " ".join(f"word{i}" for i in range(40)) + " question "
     prompts = [shared + str(i) for i in range(4)]
-    engine = _stepped_engine(model_dir, schedule_policy="fcfs")
+    engine = _stepped_engine(model_dir, schedule_policy="fcfs", page_size=page_size)
     forwards = engine.metrics.forward_passes.labels(mode="prefill")
     before = forwards._value.get()
     reqs, ids = _greedy_texts(engine, prompts)
@@ -96,7 +97,7 @@ def test_in_batch_prefix_sharing_computes_a_shared_prefix_once_in_the_same_forwa
     prefix = len(engine.make_request(prompt=shared, sampling_params={}).input_ids)
     assert all(r.cached_tokens >= prefix - 1 for r in reqs[1:])
     engine.scheduler.cm.check_idle_accounting()
-    alone = _stepped_engine(model_dir, schedule_policy="fcfs", prefix_share_threshold=0)
+    alone = _stepped_engine(model_dir, schedule_policy="fcfs", prefix_share_threshold=0, page_size=page_size)
     alone_reqs, alone_ids = _greedy_texts(alone, prompts)
     assert alone_ids == ids  # the borrowed keys are the ones each would compute
     # the first token came from the shared forward: its logprob says the follower saw the right keys
