@@ -63,16 +63,16 @@ def test_the_follower_computes_at_least_its_last_token():
 
 def test_no_borrowing_past_the_leaders_chunk_or_across_a_page():
     sharing = RoundSharing(threshold_tokens=4)
-    chunked = leader(SYS + list(range(10, 30)), kv_len=3, planned_end=9)  # its chunk ends at 9
-    sharing.add(chunked, planned_end=9)
+    chunked = leader(SYS + list(range(10, 30)), kv_len=3, planned_end=21)  # its chunk ends at 21 of 23
+    sharing.add(chunked, planned_end=21)
     follower = req("f", SYS + list(range(10, 30)) + [99])
-    assert sharing.lender(follower, cached=3) == Borrow(chunked, 9)
+    assert sharing.lender(follower, cached=3) == Borrow(chunked, 21)  # computes 21, 22 (< 4) and its own
     paged = RoundSharing(threshold_tokens=4, page_size=4)
-    paged.add(chunked, planned_end=9)
-    assert paged.lender(follower, cached=3) == Borrow(chunked, 8)  # its own slots start a page
-    short = RoundSharing(threshold_tokens=4)
-    short.add(chunked, planned_end=6)
-    assert short.lender(follower, cached=3) is None and short.must_wait(follower, cached=3)
+    paged.add(chunked, planned_end=21)
+    assert paged.lender(follower, cached=3) == Borrow(chunked, 20)  # its own slots start a page
+    early = RoundSharing(threshold_tokens=4)
+    early.add(chunked, planned_end=9)  # 14 shared tokens come in the leader's next chunk: wait for them
+    assert early.lender(follower, cached=3) is None and early.must_wait(follower, cached=3)
 
 
 def test_prompts_in_chunked_prefill_never_lend_and_prompt_logprobs_are_never_borrowed():

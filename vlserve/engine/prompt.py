@@ -65,6 +65,8 @@ def expand_image_tokens(ids: list[int], image_token_id: int, images: list[Proces
     count = ids.count(image_token_id)
     if count != len(images):
         raise InvalidRequest(f"the prompt has {count} image tokens for {len(images)} images/frames")
+    if not count:  # text only: nothing to expand (the loop below costs ~0.1 us a token, 0.15 ms a long prompt)
+        return list(ids), []
     out, spans, it = [], [], iter(images)
     for t in ids:
         if t != image_token_id:

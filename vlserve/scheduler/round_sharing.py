@@ -60,6 +60,8 @@ class RoundSharing:
         if index == _NOT_A_LEADER:
             return None
         leader, planned_end = self._leaders[index]
+        if match.prefix_len - planned_end >= self.threshold:
+            return None  # the rest of the shared part comes in the leader's next chunk: wait for all of it
         end = min(match.prefix_len, planned_end, req.seq_len - 1)  # req computes at least its last token
         if req.return_logprob and req.logprob_start_len >= 0:  # and the logits scoring its prompt from there
             end = min(end, req.logprob_start_len - 1)
