@@ -27,6 +27,8 @@ if not _has_cuda():
 
 import torch  # noqa: E402
 
+import vlserve  # noqa: E402,F401  (first: it settles which `kernels` transformers imports, shadowed_packages.py)
+
 torch.set_num_threads(1)
 
 

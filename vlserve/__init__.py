@@ -1,6 +1,10 @@
 """vlserve: a serving system for vision-language models."""
 
+from vlserve.shadowed_packages import load_installed_kernels_package
+
 __version__ = "0.1.0"
+
+load_installed_kernels_package()  # before anything imports transformers (see shadowed_packages.py)
 
 
 def __getattr__(name):
