@@ -26,7 +26,7 @@ import torch
 from vlserve.cache.radix_cache import key_trie
 from vlserve.core.request import Req
 
-_NOT_A_LEADER = -1  # trie value of a prompt that shares nothing this step (still in chunked prefill)
+_NOT_A_LEADER = -1  # trie value of a prompt still in chunked prefill: it lends nothing this step
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,9 @@ class Borrow:
 
 
 class RoundSharing:
-    """One admission round's view of what its requests will compute. add() each planned extend; decide()
-    whether the next request computes, borrows or waits."""
+    """One admission round's view of what its requests will compute: add() each planned extend; for the
+    next request, lender() says whom it can borrow from, else must_wait() whether it waits a round
+    (if neither, it computes the shared tokens itself)."""
 
     def __init__(self, threshold_tokens: int, page_size: int = 1, in_flight: list[list[int]] = ()):
         if threshold_tokens < 1:
