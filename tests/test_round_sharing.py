@@ -190,3 +190,43 @@ def test_an_overdue_request_never_waits_and_one_that_cannot_borrow_does():
     adm.policy.now_step = 5
     plan = adm.admit([late], [chunked], token_budget=64)
     assert [(p.req.rid, p.num_tokens) for p in plan] == [("late", 9)]  # computes 8..16 itself
+
+
+# ---- edges the mutation run found untested (benchmarks/results/mutation_round_sharing.md) ---------
+
+def test_a_threshold_of_one_token_is_allowed():
+    assert RoundSharing(threshold_tokens=1).threshold == 1
+
+
+def test_the_lender_is_the_leader_that_reached_the_last_shared_position():
+    sharing = RoundSharing(threshold_tokens=2)
+    first = leader(SYS + [10, 11, 12, 13], kv_len=3, planned_end=7)
+    longer = leader(SYS + [10, 11, 12, 13, 14, 15, 16], kv_len=3, planned_end=10)
+    sharing.add(first, planned_end=7)
+    sharing.add(longer, planned_end=10)  # positions 0..6 were inserted by `first`, 7..9 by it
+    follower = req("f", SYS + [10, 11, 12, 13, 14, 99])
+    assert sharing.lender(follower, cached=3) == Borrow(longer, 8)
+
+
+def test_exactly_threshold_tokens_left_for_the_leaders_next_chunk_means_wait():
+    sharing = RoundSharing(threshold_tokens=4)
+    chunked = leader(SYS + list(range(10, 30)), kv_len=3, planned_end=19)
+    sharing.add(chunked, planned_end=19)
+    follower = req("f", SYS + list(range(10, 30)) + [99])  # shares 23: 4 of them after the chunk
+    assert sharing.lender(follower, cached=3) is None and sharing.must_wait(follower, cached=3)
+
+
+def test_the_borrowed_range_ends_where_the_prompts_part():
+    sharing = RoundSharing(threshold_tokens=4)
+    first = leader(SYS + [10, 11, 12, 13, 14], kv_len=3, planned_end=8)
+    sharing.add(first, planned_end=8)
+    follower = req("f", SYS + [10, 11, 12, 13, 20, 21, 22])  # parts after position 6
+    assert sharing.lender(follower, cached=3) == Borrow(first, 7)
+
+
+def test_too_little_left_after_clipping_to_the_chunk_is_not_borrowed():
+    sharing = RoundSharing(threshold_tokens=4)
+    first = leader(SYS + [10, 11, 12, 13, 14], kv_len=3, planned_end=6)  # its chunk ends at 6
+    sharing.add(first, planned_end=6)
+    follower = req("f", SYS + [10, 11, 12, 13, 20])  # shares 4, of which the chunk covers 3
+    assert sharing.lender(follower, cached=3) is None
