@@ -8,7 +8,7 @@ of the same step that computes those positions (in-batch sharing, round_sharing.
 borrower never frees or inserts; settle() turns them into a lock on the tree's copy. Pool accounting
 (docs/ARCHITECTURE.md, invariant 1): free + tree tokens + request-owned tokens == capacity; when
 idle, free + tree == capacity. Only this class writes a request's KV fields (req_row, kv_len,
-tree_len, last_node, cached_tokens).
+tree_len, borrowed, last_node, cached_tokens).
 """
 
 import torch
