@@ -230,3 +230,29 @@ def test_too_little_left_after_clipping_to_the_chunk_is_not_borrowed():
     sharing.add(first, planned_end=6)
     follower = req("f", SYS + [10, 11, 12, 13, 20])  # shares 4, of which the chunk covers 3
     assert sharing.lender(follower, cached=3) is None
+
+
+def test_borrowing_after_a_cache_hit_maps_exactly_the_shared_positions():
+    cm = manager()
+    cm.release(computed_prompt(cm, [1, 2, 3, 4]))  # 4 tokens cached in the tree
+    prompt = [1, 2, 3, 4] + list(range(5, 13))
+    a, b = req("a", prompt + [20]), req("b", prompt + [21])
+    plan = admission(cm).admit([a, b], [], token_budget=64)
+    assert [(p.req.rid, p.num_tokens) for p in plan] == [("a", 9), ("b", 1)]
+    assert b.borrowed == (4, 12)
+    assert torch.equal(cm.rows.read(b.req_row, 0, 12), cm.rows.read(a.req_row, 0, 12))
+    assert not torch.equal(cm.rows.read(b.req_row, 12, 13), cm.rows.read(a.req_row, 12, 13))
+    for p in plan:
+        cm.advance(p.req, p.num_tokens)
+    assert cm.settle(a)
+    cm.cache_prefix(a)
+    assert cm.settle(b)  # alone, before b's own insert: its row already points at the tree's copy
+    assert b.tree_len == 12
+    assert torch.equal(cm.rows.read(b.req_row, 0, 12), cm.cache.match_prefix(prompt).indices)
+
+
+def computed_prompt(cm: CacheManager, ids: list[int]) -> Req:
+    r = req("c", ids)
+    assert cm.admit(r)
+    cm.advance(r, len(cm.alloc(r, r.pending_len)))
+    return r
