@@ -9,7 +9,9 @@ Two modes:
     python benchmarks/roofline.py --workload few_shot --dtype bfloat16   # bf16 weights and KV, bf16's peak
 
 - every system of a workloads.py run, from its JSON (wall time per system and repeat, and the GEMM
-  peak workloads.py measured before and after each workload in that run):
+  peak workloads.py measured before and after each workload in that run, and, where recorded, just
+  before and after each system's run: a second share against those, which follows the host's slow
+  spells that a peak taken minutes away misses):
 
     python benchmarks/roofline.py --results benchmarks/results/issue15_fp32_final --out benchmarks/results/roofline_all.md
 """
@@ -75,9 +77,13 @@ def from_results(args) -> str:
     lines = [f"Roofline of every system in `{args.results}` ({results[0].get('meta', {}).get('command', '?')}); "
              "FLOPs that had to be computed (vlserve/bench/roofline.py) over each system's wall time, against the "
              f"GEMM peak ({PEAK_ROWS}x1024x2816, in the run's dtype: {results[0].get('dtype', 'float32')}) that workloads.py "
-             "measured before and after the workload in that run.",
-             "", "| workload | GFLOP required | GEMM peak GFLOP/s (before / after) | system | wall s | achieved GFLOP/s | share of the roofline |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: |"]
+             "measured before and after the workload in that run; each share is held to the higher of the two. "
+             "Where recorded, the peak was also sampled just before and just after each system's run (for vlserve "
+             "around the timed batch, for a peer around its whole call): the last column holds the run to the higher "
+             "of those two.",
+             "", "| workload | GFLOP required | GEMM peak GFLOP/s (before / after) | system | wall s | achieved GFLOP/s "
+             "| share of the roofline | peak beside the run (before / after) | share against it |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: |"]
     with Engine(model_dir, num_threads=1, video_frames=8) as engine:
         for res in results:
             flops = required_flops(engine, W.WORKLOADS[res["workload"]]())
@@ -85,13 +91,16 @@ def from_results(args) -> str:
             total = sum(flops.values())
             peaks = res.get("gemm_peak_gflops")
             if not peaks:
-                lines.append(f"| {res['workload']} | {total / 1e9:.1f} | not recorded (rerun workloads.py) | | | | |")
+                lines.append(f"| {res['workload']} | {total / 1e9:.1f} | not recorded (rerun workloads.py) | | | | | | |")
                 continue
             for s in res["systems"]:
                 achieved = total / s["wall_s"] / 1e9
                 name = s["system"] + (f" #{s['repeat']}" if res.get("repeats", 1) > 1 else "")
+                beside = s.get("gemm_peak_beside")
+                near = (f"{beside[0]:.0f} / {beside[1]:.0f} | {achieved / max(beside):.1%}" if beside
+                        else "not recorded | ")
                 lines.append(f"| {res['workload']} | {total / 1e9:.1f} | {peaks[0]:.0f} / {peaks[1]:.0f} | {name} | "
-                             f"{s['wall_s']:.2f} | {achieved:.1f} | {achieved / max(peaks):.1%} |")
+                             f"{s['wall_s']:.2f} | {achieved:.1f} | {achieved / max(peaks):.1%} | {near} |")
     return "\n".join(lines) + "\n"
 
 

@@ -16,8 +16,10 @@ Reported per system: requests/s and output tokens/s over the batch's wall time, 
 first token (p50/p90/p99; where the system reports them), and the prompt cache hit rate
 (Σ cached / Σ prompt tokens) against the optimum (Σ prompt − union trie of the prompts' token ids,
 pseudo-token ids for images). Writes OUT/<workload>.json, OUT/<workload>.png and OUT/workloads.md.
-The JSON also carries the GEMM peak measured before and after each workload (in the run's dtype, the same threads),
-from which `benchmarks/roofline.py --results OUT` gives every system's share of the compute roofline.
+The JSON also carries the GEMM peak (in the run's dtype, the same threads) measured before and after each
+workload, and sampled again just before and just after each system's run (`gemm_peak_beside`: for
+vlserve around the timed batch itself, for a peer around its whole call, load included), from which
+`benchmarks/roofline.py --results OUT` gives every system's share of the compute roofline.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 
@@ -47,6 +50,7 @@ SYSTEMS = ("vlserve-lpm", "vlserve-fcfs", "vlserve-nocache", "transformers", "vl
 VLSERVE_CONFIGS = {"vlserve-lpm": {"schedule_policy": "lpm"}, "vlserve-fcfs": {"schedule_policy": "fcfs"},
                    "vlserve-nocache": {"schedule_policy": "fcfs", "disable_radix_cache": True}}
 VIDEO_FRAMES = 8
+BESIDE_PEAK_SECONDS = 0.5  # per path (F.linear, CpuLinear) in each sample beside a system's run
 
 
 @dataclass
@@ -63,6 +67,7 @@ class SystemResult:
     latency_s: dict
     ttft_s: dict
     note: str = ""
+    gemm_peak_beside: list[float] | None = None  # GFLOP/s just before / just after this run
 
 
 def summarise(run: PeerRun, optimum: float) -> SystemResult:
@@ -73,13 +78,15 @@ def summarise(run: PeerRun, optimum: float) -> SystemResult:
                         round(len(run.prompt_tokens) / run.wall_s, 3), round(sum(run.completion_tokens) / run.wall_s, 2),
                         prompt, cached, None if hit is None else round(hit, 4),
                         None if hit is None or not optimum else round(hit / optimum, 4),
-                        percentiles(run.latency_s), percentiles(run.ttft_s), run.note)
+                        percentiles(run.latency_s), percentiles(run.ttft_s), run.note, run.gemm_peak_gflops)
 
 
 def run_vlserve(name: str, model_dir: str, reqs: list[Job], threads: int,
-                dtype: str = "float32", **engine_kwargs) -> tuple[PeerRun, float]:
+                dtype: str = "float32", peak: Callable[[], float] | None = None, **engine_kwargs) -> tuple[PeerRun, float]:
     """One batch through a fresh Engine; returns the run and the optimal hit rate of its token ids.
-    `engine_kwargs` (e.g. chunked_prefill_size) go to the Engine beside the named configuration."""
+    `peak` (a GEMM-peak sampler) is called just before and just after the timed batch, with the
+    engine loaded and idle. `engine_kwargs` (e.g. chunked_prefill_size) go to the Engine beside the
+    named configuration."""
     from vlserve import Engine
 
     with Engine(model_dir, num_threads=threads, video_frames=VIDEO_FRAMES, dtype=dtype,
@@ -88,15 +95,17 @@ def run_vlserve(name: str, model_dir: str, reqs: list[Job], threads: int,
         client.generate([Job("USER: warm up the engine ASSISTANT:", max_new_tokens=2, ignore_eos=True)])
         ids = [engine.make_request(prompt=j.prompt, image_data=j.images or None, video_data=j.videos or None).input_ids
                for j in reqs]
+        before = peak() if peak else None
         start = time.monotonic()
         answers = client.generate(reqs)
         wall = time.monotonic() - start
+        after = peak() if peak else None
     del engine, client
     gc.collect()  # the engine's reference cycles hold its weights and packed copies until a full collection
     run = PeerRun(name, wall, [a.prompt_tokens for a in answers], [a.completion_tokens for a in answers],
                   [a.cached_tokens for a in answers], [a.latency_s for a in answers],
                   [a.ttft_s for a in answers if a.ttft_s is not None], [a.text for a in answers],
-                  "one batch, offline Engine")
+                  "one batch, offline Engine", None if peak is None else [before, after])
     return run, W.optimal_hit_rate(ids)
 
 
@@ -108,13 +117,17 @@ def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vl
     results, optimum, skipped = [], None, {}
     peak_dtype = getattr(torch, dtype)  # the run's dtype: a bf16 run is held to bf16's GEMM peak
     peak_before = gemm_peak(dtype=peak_dtype)[0]  # for benchmarks/roofline.py --results: the machine's rate in this run
+
+    def peak_beside() -> float:  # the host's rate right beside one system's run (its spells last seconds to minutes)
+        return round(gemm_peak(dtype=peak_dtype, seconds=BESIDE_PEAK_SECONDS)[0], 1)
+
     for repeat in range(repeats):
         for system in (systems if repeat % 2 == 0 else systems[::-1]):
             if system in skipped:
                 continue
             print(f"[{name}] {system} (repeat {repeat + 1}) ...", file=sys.stderr, flush=True)
             try:
-                run, opt = _run_system(system, model_dir, reqs, threads, vllm_venv, dtype)
+                run, opt = _run_system(system, model_dir, reqs, threads, vllm_venv, dtype, peak_beside)
                 optimum = opt if optimum is None else optimum
             except FileNotFoundError as e:
                 print(f"[{name}] skipping {system}: {e}", file=sys.stderr)
@@ -133,14 +146,24 @@ def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vl
 
 
 def _run_system(system: str, model_dir: str, reqs: list[Job], threads: int, vllm_venv: str,
-                dtype: str) -> tuple[PeerRun, float | None]:
+                dtype: str, peak: Callable[[], float]) -> tuple[PeerRun, float | None]:
     if system in VLSERVE_CONFIGS:
-        return run_vlserve(system, model_dir, reqs, threads, dtype)
+        return run_vlserve(system, model_dir, reqs, threads, dtype, peak)
     if system == "transformers":  # on a thread that ends with it (vlserve/bench/own_thread.py)
-        return on_own_thread(lambda: run_transformers(model_dir, reqs, VIDEO_FRAMES, threads, dtype=dtype)), None
+        return _beside(peak, lambda: on_own_thread(
+            lambda: run_transformers(model_dir, reqs, VIDEO_FRAMES, threads, dtype=dtype))), None
     if system == "vllm":
-        return run_vllm(model_dir, reqs, VIDEO_FRAMES, threads, vllm_venv, dtype=dtype), None
+        return _beside(peak, lambda: run_vllm(model_dir, reqs, VIDEO_FRAMES, threads, vllm_venv, dtype=dtype)), None
     raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+
+
+def _beside(peak: Callable[[], float], call: Callable[[], PeerRun]) -> PeerRun:
+    """A peer's run with the GEMM peak sampled just before and after it (its timed batch is inside
+    the call, after loading: the samples are further from it than vlserve's)."""
+    before = peak()
+    run = call()
+    run.gemm_peak_gflops = [before, peak()]
+    return run
 
 
 def _optimum_without_engine(model_dir: str, reqs: list[Job]) -> float:

@@ -87,9 +87,7 @@ class _Tracker:
 
     def wait(self, start: float) -> Answer:
         self.done.wait()
-        chunk = None
-        for out in self.outputs:
-            chunk = self.assembler.update(out)
+        chunk = self.assembler.final(self.outputs)
         meta = chunk["meta_info"]
         return Answer(chunk["text"], meta["prompt_tokens"], meta["completion_tokens"], meta["cached_tokens"],
                       meta["finish_reason"], self.done_at - start,

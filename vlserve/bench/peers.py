@@ -41,6 +41,8 @@ class PeerRun:
     ttft_s: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     note: str = ""
+    # the GEMM peak (GFLOP/s) sampled just before and just after the run, where the harness asks for it
+    gemm_peak_gflops: list[float] | None = None
 
 
 def expand_media(req: Job, video_frames: int) -> tuple[str, list]:

@@ -185,10 +185,11 @@ class Engine:
         if stream:
             return self._stream(req, assembler, chunks)
         try:
-            while True:
-                chunk = assembler.update(await chunks.get())
-                if chunk["finished"]:
-                    return chunk
+            while True:  # not streamed: only the last step is detokenized
+                out = await chunks.get()
+                if out.finished:
+                    return assembler.update(out)
+                assembler.absorb(out)
         except asyncio.CancelledError:
             self.abort(req.rid)
             raise
@@ -292,10 +293,7 @@ def _collecting_sink(outputs: list[StepOutput], done: threading.Event):
 
 
 def _final_chunk(assembler: OutputAssembler, outputs: list[StepOutput]) -> dict:
-    for out in outputs[:-1]:
-        assembler.update(StepOutput(out.rid, out.new_ids, out.new_logprobs, False, replace_from=out.replace_from,
-                                    new_top_logprobs=out.new_top_logprobs))
-    chunk = assembler.update(outputs[-1])
+    chunk = assembler.final(outputs)
     chunk.pop("delta", None)
     chunk.pop("finished", None)
     return chunk
