@@ -16,7 +16,9 @@ import torch
 from vlserve.bench.report import write_report
 from vlserve.kernels import decode_gemm
 from vlserve.model.huge_pages import huge_page_bytes, huge_page_copy
-from decode_gemm_stream import LAYERS, SHAPES  # beside this file: the decode step's shapes
+
+SHAPES = [(1536, 1024), (1024, 1024), (5632, 1024), (1024, 2816)]  # qkv, o, gate_up, down: (out, in)
+LAYERS = 8
 
 
 def step(weights: list[list[torch.Tensor]], xs: dict[int, torch.Tensor]) -> float:
