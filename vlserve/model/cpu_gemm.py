@@ -52,7 +52,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlserve.kernels import decode_gemm, small_gemm
-from vlserve.model.huge_pages import huge_page_copy
 
 log = logging.getLogger(__name__)
 
@@ -213,9 +212,8 @@ class CpuLinear(nn.Linear):
         return self._copy("_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT_ROWS))
 
     def decode_weight(self) -> torch.Tensor:
-        """The weight packed for kernels/decode_gemm.py, on huge pages where the kernel grants them
-        (every decode step streams it: huge_pages.py); kept and rebuilt like packed_weight."""
-        return self._copy("_decode_packed", lambda w: huge_page_copy(decode_gemm.pack(w)))
+        """The weight packed for kernels/decode_gemm.py; kept and rebuilt like packed_weight."""
+        return self._copy("_decode_packed", decode_gemm.pack)
 
     def _copy(self, slot: str, make) -> torch.Tensor:
         key = (id(self.weight), self.weight._version, self.weight.data_ptr())
