@@ -34,6 +34,7 @@ from vlserve.model.tensor_parallel import check_shardable, kv_heads_per_rank
 from vlserve.model.builtin import builtin_model_path
 from vlserve.model.loader import load_model
 from vlserve.model.cpu_allocator import keep_freed_memory
+from vlserve.model.cpu_prefault import prefault_for_serving
 from vlserve.model.cpu_threads import configure_compute_threads, media_workers
 from vlserve.preprocess import DEFAULT_NUM_FRAMES, MediaLimits, ProcessedImageCache
 from vlserve.runner.model_runner import ModelRunner
@@ -76,6 +77,8 @@ class Engine:
             self.tokenizer.chat_template = _read_template(args.chat_template)
         self.metrics = Metrics(args.model_name(), args.metrics_names)
         self.memory = self._make_memory(device)
+        if device == "cpu":  # the first big batch's pages, faulted in now rather than while it runs
+            prefault_for_serving(text, self.memory.kv, args.chunked_prefill_size, self.loaded.config.dtype.itemsize)
         self.context_len = self.memory.context_len
         eos = self._eos_token_ids()
         backend = args.attention_backend or default_backend_name()
