@@ -2,13 +2,14 @@
 wall time, against the GEMM peak measured in the same run; vlserve/bench/roofline.py defines both).
 
 Two modes:
-- one workload through vlserve's offline Engine (one batch after a warm-up request, as
-  benchmarks/workloads.py runs it), the GEMM peak measured before and after it:
+- one workload through vlserve's offline Engine (one timed batch after a warm-up request, as
+  `benchmarks/workloads.py --batches 1` runs it), the GEMM peak measured before and after it:
 
     python benchmarks/roofline.py --workload questions_per_image --out benchmarks/results/roofline.md
     python benchmarks/roofline.py --workload few_shot --dtype bfloat16   # bf16 weights and KV, bf16's peak
 
-- every system of a workloads.py run, from its JSON (wall time per system and repeat, and the GEMM
+- every system of a workloads.py run, from its JSON (wall time per system and repeat, the fastest of its
+  timed batches where it timed several, every batch's share beside it; the GEMM
   peak workloads.py measured before and after each workload in that run, and, where recorded, just
   before and after each system's run: a second share against those, which follows the host's slow
   spells that a peak taken minutes away misses):
@@ -79,11 +80,13 @@ def from_results(args) -> str:
              f"GEMM peak ({PEAK_ROWS}x1024x2816, in the run's dtype: {results[0].get('dtype', 'float32')}) that workloads.py "
              "measured before and after the workload in that run; each share is held to the higher of the two. "
              "Where recorded, the peak was also sampled just before and just after each system's run (for vlserve "
-             "around the timed batch, for a peer around its whole call): the last column holds the run to the higher "
-             "of those two.",
+             "around the timed batches, for a peer around its whole call): 'share against it' holds the run to the "
+             "higher of those two. Where the run timed several batches (workloads.py --batches, caches emptied "
+             "before each), wall s is the fastest one's, and the last column gives every batch's share against the "
+             "workload's peak, in the order they ran.",
              "", "| workload | GFLOP required | GEMM peak GFLOP/s (before / after) | system | wall s | achieved GFLOP/s "
-             "| share of the roofline | peak beside the run (before / after) | share against it |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: |"]
+             "| share of the roofline | peak beside the run (before / after) | share against it | every batch's share |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: | --- |"]
     with Engine(model_dir, num_threads=1, video_frames=8) as engine:
         for res in results:
             flops = required_flops(engine, W.WORKLOADS[res["workload"]]())
@@ -91,7 +94,7 @@ def from_results(args) -> str:
             total = sum(flops.values())
             peaks = res.get("gemm_peak_gflops")
             if not peaks:
-                lines.append(f"| {res['workload']} | {total / 1e9:.1f} | not recorded (rerun workloads.py) | | | | | | |")
+                lines.append(f"| {res['workload']} | {total / 1e9:.1f} | not recorded (rerun workloads.py) | | | | | | | |")
                 continue
             for s in res["systems"]:
                 achieved = total / s["wall_s"] / 1e9
@@ -99,8 +102,10 @@ def from_results(args) -> str:
                 beside = s.get("gemm_peak_beside")
                 near = (f"{beside[0]:.0f} / {beside[1]:.0f} | {achieved / max(beside):.1%}" if beside
                         else "not recorded | ")
+                walls = s.get("batch_walls_s") or [s["wall_s"]]
+                each = ", ".join(f"{total / w / 1e9 / max(peaks):.1%}" for w in walls)
                 lines.append(f"| {res['workload']} | {total / 1e9:.1f} | {peaks[0]:.0f} / {peaks[1]:.0f} | {name} | "
-                             f"{s['wall_s']:.2f} | {achieved:.1f} | {achieved / max(peaks):.1%} | {near} |")
+                             f"{s['wall_s']:.2f} | {achieved:.1f} | {achieved / max(peaks):.1%} | {near} | {each} |")
     return "\n".join(lines) + "\n"
 
 

@@ -3,9 +3,12 @@
     VENV/bin/python vllm_offline.py spec.json out.json
 
 spec: {"model", "threads", "dtype", "max_num_batched_tokens" (or null: vLLM's default),
-       "requests": [{"prompt", "images": [png paths], "max_new_tokens"}]}.
+       "batches" (timed batches, default 1), "requests": [{"prompt", "images": [png paths], "max_new_tokens"}]}.
 out: wall time of one LLM.generate over every request (after a warm-up), per-request token counts,
-num_cached_tokens (prefix-cache hits), and latency / time to first token where vLLM reports them.
+num_cached_tokens (prefix-cache hits), and latency / time to first token where vLLM reports them;
+with several batches (the prefix, encoder and multimodal-input caches reset before each, the
+warm-up's entries too, so each computes the same), those of the fastest, and every batch's wall time
+in batch_walls_s.
 """
 
 import json
@@ -35,9 +38,14 @@ def main(spec_path: str, out_path: str) -> None:
     params = [SamplingParams(temperature=0.0, max_tokens=r["max_new_tokens"], ignore_eos=True) for r in reqs]
     warm = {"prompt": "USER: warm up " + "x " * 8 + "ASSISTANT:"}
     llm.generate([warm], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
-    start = time.time()
-    outs = llm.generate(inputs, params, use_tqdm=False)
-    wall = time.time() - start
+    walls, results = [], []
+    for _ in range(spec.get("batches", 1)):
+        _reset_caches(llm)  # the warm-up's or the previous batch's
+        start = time.time()
+        results.append(llm.generate(inputs, params, use_tqdm=False))
+        walls.append(time.time() - start)
+    best = min(range(len(walls)), key=walls.__getitem__)
+    outs, wall = results[best], walls[best]
     latency, ttft = [], []
     for o in outs:
         # vLLM's RequestStateStats: arrival_time is wall-clock, the *_ts are the engine core's
@@ -48,7 +56,7 @@ def main(spec_path: str, out_path: str) -> None:
         if first_latency > 0 and first > 0 and last >= first:
             ttft.append(first_latency)
             latency.append(first_latency + (last - first))
-    result = {"version": vllm.__version__, "wall_s": wall, "block_size": _block_size(llm),
+    result = {"version": vllm.__version__, "wall_s": wall, "batch_walls_s": walls, "block_size": _block_size(llm),
               "prompt_tokens": [len(o.prompt_token_ids) for o in outs],
               "completion_tokens": [len(o.outputs[0].token_ids) for o in outs],
               "cached_tokens": [o.num_cached_tokens or 0 for o in outs],
@@ -56,6 +64,16 @@ def main(spec_path: str, out_path: str) -> None:
               "latency_s": latency if len(latency) == len(outs) else [wall] * len(outs),
               "ttft_s": ttft if len(ttft) == len(outs) else []}
     json.dump(result, open(out_path, "w"))
+
+
+def _reset_caches(llm) -> None:
+    """Empties what the previous batch left for the next one to reuse: cached prefix blocks, vision
+    encoder outputs, processed multimodal inputs. A cache that cannot be reset fails the run (the next
+    batch would reuse it and time less work)."""
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM refused to reset its prefix cache")
+    llm.llm_engine.reset_encoder_cache()
+    llm.reset_mm_cache()
 
 
 def _block_size(llm):
