@@ -7,28 +7,14 @@ tree or the vision cache full); a report whose wall time is not its fastest batc
 per-request figures come from another batch than that wall.
 """
 
-import importlib.util
-import os
-import sys
-
 import pytest
 
 from vlserve.bench import workloads as W
 from vlserve.model.tiny import TinyModelSpec, make_tiny_model
 
+from bench_script_helpers import load_benchmark_script
 
-def _load_harness():
-    """benchmarks/workloads.py by its path: benchmarks/ is a folder of scripts, and putting it on
-    sys.path would let its kernels.py stand in for the `kernels` package in every later test."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "workloads.py")
-    spec = importlib.util.spec_from_file_location("vlserve_benchmarks_workloads", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _load_harness()
+harness = load_benchmark_script("workloads")
 
 
 @pytest.fixture(scope="module")
