@@ -142,11 +142,23 @@ def test_padded_onednn_calls_return_the_real_rows_only(dtype, shape):
     torch.testing.assert_close(out.float(), exact, atol=tol * exact.abs().max().item(), rtol=tol)
 
 
-def test_bf16_primitives_are_not_warmed_without_amx(monkeypatch):
+@pytest.fixture
+def pretend_amx(monkeypatch):
+    """Pretends the CPU has (True) or lacks (False) AMX tiles for one test. decode_gemm_rows is cached
+    per process and reads amx_bf16: an answer computed under the pretence must not outlive the test
+    (test_decode_gemm.py would then find this CPU's bf16 rows to be an AMX CPU's)."""
+    def pretend(has_amx: bool) -> None:
+        monkeypatch.setattr(cpu_gemm, "amx_bf16", lambda: has_amx)
+        cpu_gemm.decode_gemm_rows.cache_clear()
+    yield pretend
+    cpu_gemm.decode_gemm_rows.cache_clear()
+
+
+def test_bf16_primitives_are_not_warmed_without_amx(monkeypatch, pretend_amx):
     calls = []
     real = cpu_gemm._onednn
     monkeypatch.setattr(cpu_gemm, "_onednn", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
-    monkeypatch.setattr(cpu_gemm, "amx_bf16", lambda: False)
+    pretend_amx(False)
     layer = nn.Linear(64, 32).to(torch.bfloat16)
     use_cpu_gemm(layer)
     assert calls == []  # built on first use: cheap there
@@ -155,11 +167,11 @@ def test_bf16_primitives_are_not_warmed_without_amx(monkeypatch):
                                atol=5e-2, rtol=2e-2)
 
 
-def test_bf16_primitives_are_warmed_at_load_with_amx_and_native_kernels(monkeypatch):
+def test_bf16_primitives_are_warmed_at_load_with_amx_and_native_kernels(monkeypatch, pretend_amx):
     calls = []
     real = cpu_gemm._onednn
     monkeypatch.setattr(cpu_gemm, "_onednn", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
-    monkeypatch.setattr(cpu_gemm, "amx_bf16", lambda: True)  # the warming logic runs wherever native kernels do
+    pretend_amx(True)  # the warming logic runs wherever native kernels do
     layers = [nn.Linear(64, 32).to(torch.bfloat16), nn.Linear(64, 32).to(torch.bfloat16)]
     for m in layers:
         use_cpu_gemm(m)  # warms as it loads
