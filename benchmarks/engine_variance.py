@@ -40,7 +40,6 @@ from vlserve.bench.roofline import gemm_peak
 
 COPY_MIB = 256  # far beyond the last-level cache: the copy runs at memory bandwidth
 PROBE_SECONDS = 0.5
-VIDEO_FRAMES = 8  # as workloads.py
 
 
 @dataclass
@@ -54,10 +53,9 @@ class EngineSample:
 def copy_bandwidth(src: torch.Tensor, dst: torch.Tensor) -> float:
     """GB/s moved (read + write) by dst.copy_(src) over PROBE_SECONDS, on a thread of its own."""
     def measure() -> float:
-        seconds = PROBE_SECONDS
         dst.copy_(src)
         n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
+        while time.perf_counter() - start < PROBE_SECONDS:
             dst.copy_(src)
             n += 1
         return 2 * src.numel() * src.element_size() * n / (time.perf_counter() - start) / 1e9
@@ -67,7 +65,7 @@ def copy_bandwidth(src: torch.Tensor, dst: torch.Tensor) -> float:
 def _open_engine(stack: ExitStack, model_dir: str, threads: int, dtype: str) -> EngineClient:
     from vlserve import Engine
 
-    engine = stack.enter_context(Engine(model_dir, num_threads=threads, video_frames=VIDEO_FRAMES, dtype=dtype,
+    engine = stack.enter_context(Engine(model_dir, num_threads=threads, video_frames=W.VIDEO_FRAMES, dtype=dtype,
                                         schedule_policy="lpm"))
     client = EngineClient(engine)
     client.generate([Job("USER: warm up the engine ASSISTANT:", max_new_tokens=2, ignore_eos=True)])

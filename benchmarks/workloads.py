@@ -56,7 +56,7 @@ from vlserve.bench.roofline import gemm_peak
 SYSTEMS = ("vlserve-lpm", "vlserve-fcfs", "vlserve-nocache", "transformers", "vllm")
 VLSERVE_CONFIGS = {"vlserve-lpm": {"schedule_policy": "lpm"}, "vlserve-fcfs": {"schedule_policy": "fcfs"},
                    "vlserve-nocache": {"schedule_policy": "fcfs", "disable_radix_cache": True}}
-VIDEO_FRAMES = 8
+VIDEO_FRAMES = W.VIDEO_FRAMES
 BESIDE_PEAK_SECONDS = 0.5  # per path (F.linear, CpuLinear) in each sample beside a system's run
 
 

@@ -19,6 +19,7 @@ WORDS = ("the a quick brown fox jumps over lazy dog red green blue circle square
 
 
 NEW_TOKENS = 16  # every workload request generates exactly this many tokens, EOS ignored
+VIDEO_FRAMES = 8  # frames sampled from each video: every system is given the same eight
 
 
 def _request(prompt: str, images: list[bytes] | None = None, videos: list[bytes] | None = None) -> Job:
@@ -106,7 +107,7 @@ def multi_turn_chat(sessions: int = 4, turns: int = 4, seed: int = 0) -> list[Jo
     return reqs
 
 
-def video_qa(videos: int = 3, questions: int = 4, frames: int = 8, seed: int = 0) -> list[Job]:
+def video_qa(videos: int = 3, questions: int = 4, frames: int = VIDEO_FRAMES, seed: int = 0) -> list[Job]:
     rng = random.Random(seed)
     reqs = []
     for v in range(videos):
