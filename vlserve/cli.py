@@ -52,6 +52,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vlserve.core.errors import CheckpointError
+
+    try:
+        return _run(argv)
+    except CheckpointError as e:  # a model that cannot be found or loaded: one line, not a traceback
+        print(f"vlserve: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(argv: list[str] | None) -> int:
     parser, commands = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command in ("videoqa", "bench"):

@@ -3,8 +3,8 @@
 Arguments: any `vlserve serve` option by its field name (model, max_total_tokens, num_threads, ...;
 strings from the command line are converted by the field's type), plus num_replicas, replica_num_cpus
 (CPUs Ray reserves for each engine, default 1; replica_num_gpus likewise) and the router's
-cache_threshold, balance_abs_threshold, balance_rel_threshold, max_tree_size. model must be a
-directory every node can read (the engines load it, the ingress reads its tokenizer).
+cache_threshold, balance_abs_threshold, balance_rel_threshold, max_tree_size. model is a
+directory every node can read or a Hugging Face id (each node resolves it through its own cache).
 """
 
 import dataclasses
@@ -25,6 +25,7 @@ def app(args: dict):
     from vlserve.cluster.replica import EngineReplica
     from vlserve.cluster.request_router import CacheAwareRequestRouter
     from vlserve.model.builtin import builtin_model_path
+    from vlserve.model.hub import resolve_model_path
 
     server, router, replica = split_args(args)
     server.setdefault("model", builtin_model_path())
@@ -38,7 +39,8 @@ def app(args: dict):
                                                   request_router_kwargs=router),
     ).bind(server)
     ingress = serve.deployment(Ingress, name="VLServeIngress").options(ray_actor_options={"num_cpus": 0})
-    return ingress.bind(engines, server["model"], server.get("chat_template"))
+    keys_from = resolve_model_path(server["model"], server.get("revision"), weights=False)  # a Hub id: its snapshot
+    return ingress.bind(engines, keys_from, server.get("chat_template"))
 
 
 def split_args(args: dict) -> tuple[dict, dict, dict]:

@@ -11,6 +11,8 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
+from vlserve.core.model_id import hub_model_id
+
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
 ATTENTION_BACKENDS = ("torch", "triton", "reference")  # reference: the per-request PyTorch loop, for comparisons
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -45,9 +47,12 @@ class CLIArgs:
 
 @dataclass
 class EngineArgs(CLIArgs):
-    model: str | None = _opt(None, "local Hugging Face LLaVA directory (default: the built-in model)")
+    model: str | None = _opt(None, "a local Hugging Face LLaVA directory, or a model id (org/name) fetched through "
+                                   "the Hugging Face cache (HF_HOME, HF_HUB_OFFLINE); default: the built-in model")
+    revision: str | None = _opt(None, "the branch, tag or commit of a --model-path given as a model id (default: main)")
     served_model_name: str | None = _opt(None, "the model name(s) clients may send, comma-separated; the first is "
-                                               "the one answers and metrics carry (default: the model directory's name)")
+                                               "the one answers and metrics carry (default: the model id, or the "
+                                               "model directory's name)")
     schedule_policy: str = _opt("lpm", choices=SCHEDULE_POLICIES)
     disable_radix_cache: bool = False
     attention_backend: str | None = _opt(None, "default: triton with CUDA, else torch (the batched CPU kernel)",
@@ -111,7 +116,9 @@ class EngineArgs(CLIArgs):
     def model_names(self) -> list[str]:
         if self.served_model_name:
             return [n.strip() for n in self.served_model_name.split(",") if n.strip()]
-        return [os.path.basename(os.path.normpath(self.model)) if self.model else BUILTIN_MODEL_NAME]
+        if not self.model:
+            return [BUILTIN_MODEL_NAME]
+        return [hub_model_id(self.model) or os.path.basename(os.path.normpath(self.model))]
 
     def model_name(self) -> str:
         return self.model_names()[0]

@@ -32,6 +32,7 @@ from vlserve.distributed.worker import WorkerConfig
 from vlserve.model.attention import default_backend_name
 from vlserve.model.tensor_parallel import check_shardable, kv_heads_per_rank
 from vlserve.model.builtin import builtin_model_path
+from vlserve.model.hub import resolve_model_path
 from vlserve.model.loader import load_model
 from vlserve.model.cpu_allocator import keep_freed_memory
 from vlserve.model.cpu_prefault import prefault_for_serving
@@ -65,7 +66,8 @@ class Engine:
             raise
 
     def _build(self, args: EngineArgs, threads: int, device: str) -> None:
-        self.loaded = load_model(args.model or builtin_model_path(), dtype=args.dtype, device=device)
+        path = resolve_model_path(args.model, args.revision) if args.model else builtin_model_path()
+        self.loaded = load_model(path, dtype=args.dtype, device=device)
         text = self.loaded.config.text
         if args.tp_size > 1:
             check_shardable(text.num_heads, text.num_kv_heads, text.intermediate_size, args.tp_size)
@@ -143,9 +145,7 @@ class Engine:
             raise EngineBusy(f"the engine is stopping: {self.fatal_error}")
         if self.draining:
             raise EngineBusy("the server is shutting down")
-        if len(self.scheduler.waiting) + len(reqs) > self.args.max_waiting_requests:
-            raise EngineBusy(f"the waiting queue is full ({self.args.max_waiting_requests} requests)")
-        self.loop.submit(reqs)
+        self.loop.submit(reqs, max_queued=self.args.max_waiting_requests)
 
     def abort(self, rid: str) -> None:
         self.scheduler.abort(rid)

@@ -9,9 +9,10 @@ from vlserve.core.config import _opt
 @dataclass
 class RouterArgs:
     worker_urls: list[str] = field(default_factory=list, metadata={"help": "the vlserve servers to route to"})
-    model_path: str | None = _opt(None, "the model directory, for its tokenizer, chat template and image processor "
-                                        "config (no weights are read); default: the path the first worker reports "
-                                        "at /get_model_info, which must be readable here")
+    model_path: str | None = _opt(None, "the model directory or Hugging Face id (org/name), for its tokenizer, chat "
+                                        "template and image processor config (no weights are read); default: the "
+                                        "path the first worker reports at /get_model_info, which must be readable here")
+    revision: str | None = _opt(None, "the branch, tag or commit of a --model-path given as a model id (default: main)")
     chat_template: str | None = _opt(None, "the workers' --chat-template, if they were given one")
     host: str = "127.0.0.1"
     port: int = 30000

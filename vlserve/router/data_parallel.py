@@ -98,7 +98,8 @@ def stop_workers(procs: list[subprocess.Popen], grace_s: float) -> None:
 def router_args(args: ServerArgs, urls: list[str]) -> RouterArgs:
     from vlserve.model.builtin import builtin_model_path
 
-    return RouterArgs(worker_urls=urls, model_path=args.model or builtin_model_path(), chat_template=args.chat_template,
+    return RouterArgs(worker_urls=urls, model_path=args.model or builtin_model_path(), revision=args.revision,
+                      chat_template=args.chat_template,
                       host=args.host, port=args.port, api_key=args.api_key, allow_url_fetch=args.allow_url_fetch,
                       log_level=args.log_level)
 

@@ -14,6 +14,7 @@ import time
 import httpx
 import uvicorn
 
+from vlserve.model.hub import resolve_model_path
 from vlserve.preprocess import DEFAULT_NUM_FRAMES, MediaLimits
 from vlserve.router.args import RouterArgs
 from vlserve.router.keys import RouteKeys
@@ -35,7 +36,8 @@ def make_keys(args: RouterArgs, wait_s: float = 120.0) -> RouteKeys:
     settings = {"model_path": args.model_path, "chat_template": args.chat_template, "video_frames": None}
     if args.model_path is None:
         settings = ask_workers(args.worker_urls, args.api_key, wait_s)
-    files = ModelFiles.read(settings["model_path"], args.chat_template or settings["chat_template"])
+    path = resolve_model_path(settings["model_path"], args.revision, weights=False)
+    files = ModelFiles.read(path, args.chat_template or settings["chat_template"])
     log.info("routing keys from %s (tokenizer, chat template, image processor; no weights)", files.path)
     return RouteKeys(files, MediaLimits(allow_url_fetch=args.allow_url_fetch),
                      settings["video_frames"] or DEFAULT_NUM_FRAMES)
