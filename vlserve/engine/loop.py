@@ -3,6 +3,12 @@
 Each iteration takes the requests handed in since the last one, then runs one step:
 schedule → run → process. Nothing else runs on this thread; nothing else touches the
 scheduler's queues (submissions and aborts cross over through thread-safe queues).
+
+Admission (`--max-queued-requests`): a request is queued from its submission until admission
+moves it to the running batch, first in the inbox, then in the scheduler's waiting queue. submit
+counts both under one lock, which the loop also holds while it moves the inbox into the waiting
+queue, so a burst of concurrent submissions never queues more than the limit. (The waiting queue
+only shrinks outside the lock: a submission may then see a count a little high, never low.)
 """
 
 import queue
@@ -11,6 +17,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
+from vlserve.core.errors import EngineBusy
 from vlserve.core.request import Req
 from vlserve.engine.compute_thread import ComputeThread
 from vlserve.runner.model_runner import ModelRunner
@@ -38,6 +45,8 @@ class EngineLoop:
         runs on it from start() on. Without one the loop gets a thread of its own."""
         self.scheduler, self.runner, self.after_step = scheduler, runner, after_step
         self._inbox: queue.Queue[list[Req]] = queue.Queue()
+        self._inbox_requests = 0  # requests in _inbox; read and written under _admission
+        self._admission = threading.Lock()
         self._calls: queue.SimpleQueue[tuple[Callable, Future]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self.heartbeat = time.monotonic()  # written every iteration; read by /health
@@ -48,9 +57,22 @@ class EngineLoop:
         self._started = True
         self._thread.hand_over(self._run)
 
-    def submit(self, reqs: list[Req]) -> None:
-        """Thread-safe: the requests join the waiting queue together (so the policy orders them together)."""
-        self._inbox.put(reqs)
+    def submit(self, reqs: list[Req], max_queued: int | None = None) -> None:
+        """Thread-safe: the requests join the waiting queue together (so the policy orders them together).
+        Raises EngineBusy, queueing none of them, when that would put more than max_queued requests
+        in the inbox and the waiting queue together."""
+        with self._admission:
+            queued = self._inbox_requests + len(self.scheduler.waiting)
+            if max_queued is not None and queued + len(reqs) > max_queued:
+                raise EngineBusy(f"the waiting queue is full ({max_queued} requests)")
+            self._inbox_requests += len(reqs)
+            self._inbox.put(reqs)
+
+    @property
+    def queued(self) -> int:
+        """Requests submitted and not yet admitted into the running batch."""
+        with self._admission:
+            return self._inbox_requests + len(self.scheduler.waiting)
 
     def call(self, fn: Callable[[], object]) -> Future:
         """Runs fn on the loop thread between two steps (it may touch the scheduler and the cache)."""
@@ -99,14 +121,21 @@ class EngineLoop:
                 future.set_exception(e)
 
     def _drain_inbox(self, block: bool) -> None:
-        try:
-            batch = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return
+        if block:  # idle: wait for work outside the lock, then take it in under it
+            try:
+                self._take_in(self._inbox.get(timeout=0.05))
+            except queue.Empty:
+                return
         while True:
-            for req in batch:
-                self.scheduler.add(req)
             try:
                 batch = self._inbox.get_nowait()
             except queue.Empty:
                 return
+            self._take_in(batch)
+
+    def _take_in(self, batch: list[Req]) -> None:
+        """Inbox → waiting queue, under the admission lock (the requests stay counted once)."""
+        with self._admission:
+            for req in batch:
+                self.scheduler.add(req)
+            self._inbox_requests -= len(batch)
