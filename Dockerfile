@@ -2,8 +2,11 @@
 # GPU is visible), the server on port 30000 as an unprivileged user.
 #   docker build -t vlserve .
 #   docker run --gpus all -p 30000:30000 -v /models:/models vlserve --model /models/llava-1.5-7b-hf
+#   docker run --gpus all -p 30000:30000 -v ~/.cache/huggingface:/hf -e HF_HOME=/hf vlserve --model llava-hf/llava-1.5-7b-hf
 # Without --model it serves the built-in model. Any `vlserve serve` flag can follow the image name.
-FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+# The image installs the wheel the first stage builds (tests/test_wheel_install.py builds the same
+# wheel from the same files and serves from a fresh virtual environment).
+FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 AS base
 
 # Triton compiles its launcher on first use: it needs a C compiler and the Python headers.
 # hadolint ignore=DL3008
@@ -14,12 +17,18 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1
 RUN python3 -m venv "$VIRTUAL_ENV" && pip install --no-cache-dir "pip>=24"
 
-WORKDIR /app
-COPY pyproject.toml README.md ./
+# The wheel, built from the files the package is made of.
+FROM base AS wheel
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
 COPY vlserve ./vlserve
 COPY kernels ./kernels
 COPY preprocess ./preprocess
-RUN pip install --no-cache-dir "torch==2.13.0" && pip install --no-cache-dir .
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+FROM base
+COPY --from=wheel /wheels /wheels
+RUN pip install --no-cache-dir "torch==2.13.0" && pip install --no-cache-dir /wheels/vlserve-*.whl && rm -rf /wheels
 
 RUN useradd --create-home --uid 1000 vlserve
 USER 1000:1000

@@ -18,7 +18,7 @@ setup() {
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   local pip="$VENV/bin/python -m pip"
   local stamp="$VENV/.vlserve-installed" want
-  want=$(cat pyproject.toml | sha1sum | cut -d' ' -f1)
+  want=$(cat pyproject.toml setup.py | sha1sum | cut -d' ' -f1)
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
   $pip install -q --upgrade pip >/dev/null
   if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then

@@ -32,6 +32,14 @@ def test_image_has_what_triton_and_a_health_check_need():
     assert re.search(r"^USER (?!root|0\b)", text, re.M)  # not root
 
 
+def test_the_image_installs_the_wheel_its_build_stage_makes():
+    """tests/test_wheel_install.py builds that wheel from the same files and serves from it."""
+    final = DOCKERFILE.read_text().rsplit("\nFROM ", 1)[1]
+    assert re.search(r"^COPY --from=wheel /wheels /wheels$", final, re.M)
+    assert re.search(r"pip install --no-cache-dir /wheels/vlserve-\*\.whl", final)
+    assert not re.search(r"pip install[^\n&]*\s(\.|-e)(\s|$)", final, re.M)  # never the source folder
+
+
 def test_the_entrypoint_serves_outside_docker():
     entry = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", DOCKERFILE.read_text(), re.M).group(1))
     assert entry[:2] == ["vlserve", "serve"]
