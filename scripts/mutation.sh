@@ -22,7 +22,7 @@
 # with scripts/mutation_report.py (benchmarks/results/mutation_admission.md did so).
 #
 # Why a staging folder: kernels/ and preprocess/ install as vlserve.kernels and vlserve.preprocess
-# (pyproject's package-dir), so mutmut, which mutates a copy and puts it first on sys.path, must see
+# (setup.py's package_dir), so mutmut, which mutates a copy and puts it first on sys.path, must see
 # the installed layout: the copy is vlserve/ with kernels/ and preprocess/ inside it, plus tests/.
 # The work tree is never modified.
 set -euo pipefail
