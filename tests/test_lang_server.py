@@ -82,7 +82,7 @@ def _independent_scores(engine, endpoint, prefix: str, picture: bytes, choices: 
         assert [i[1] for i in items] == full[shared:]
         alone = endpoint.call({"input_ids": full[shared:], "sampling_params": {"max_new_tokens": 0},
                                "return_logprob": True, "logprob_start_len": 0})
-        out.append(([i[0] for i in items], [0.0] + [i[0] for i in alone["meta_info"]["input_token_logprobs"]]))
+        out.append(([i[0] for i in items], [0.0] + [i[0] for i in alone["meta_info"]["input_token_logprobs"][1:]]))
     return out
 
 
