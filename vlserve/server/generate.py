@@ -7,7 +7,7 @@ batch: image_data[i] / video_data[i], sampling_params[i] (or one dict for all) a
 (or one value for all) belong to prompt i, one image_data string belongs to every prompt (SGLang's
 `select` sends its choices so), and the answer is a list. Streaming (single prompts only) sends
 cumulative chunks `data: {"text", "output_ids", "meta_info"}` (every stream_interval tokens) and then
-`data: [DONE]`. Logprobs are SGLang's (server/native_logprobs.py).
+`data: [DONE]`. Logprobs are SGLang's (engine/sglang_logprobs.py).
 """
 
 from fastapi import APIRouter, Request
@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from vlserve.server.disconnect import cancel_on_disconnect
 from vlserve.server.errors import APIError, ErrorMappingRoute, error_event, raise_if_failed
 from vlserve.server.fanout import MergedStream, generate_all, open_streams
-from vlserve.server.native_logprobs import sglang_logprobs
+from vlserve.engine.sglang_logprobs import sglang_logprobs
 from vlserve.server.sse import DONE, SSEResponse, event
 
 MAX_BATCH = 64

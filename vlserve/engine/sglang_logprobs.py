@@ -1,4 +1,4 @@
-"""/generate's logprobs as SGLang returns them.
+"""Logprobs as SGLang's /generate returns them (the /generate route and vlserve.lang's Engine backend).
 
 Every entry is [logprob, token id, text]: the text is the token's own decode when the request asked
 for return_text_in_logprobs, else null. `input_token_logprobs` lists every prompt position from
