@@ -103,11 +103,19 @@ def test_logprob_entries_from_logprob_start_len(http, server):
         tokenizer.decode([t]) for t in out["output_ids"]]
     assert all(len(top) == 2 and all(len(e) == 3 and isinstance(e[2], str) for e in top)
                for top in meta["output_top_logprobs"])
+    input_tops = meta["input_top_logprobs"]  # per prompt position: its two likeliest tokens, best first
+    assert len(input_tops) == len(inputs)
+    for (lp, _, _), top in zip(inputs, input_tops):
+        assert len(top) == 2 and top[0][0] >= top[1][0] and top[0][0] >= lp - 1e-5
+        assert all(e[2] == tokenizer.decode([e[1]]) for e in top)
     # from position 0, whose token has no logprob; without text, the third entry is null
     zero = http.post("/generate", json={"input_ids": ids, "return_logprob": True, "logprob_start_len": 0,
-                                        "sampling_params": {"max_new_tokens": 1}}).json()["meta_info"]
+                                        "top_logprobs_num": 1, "sampling_params": {"max_new_tokens": 1}}).json()
+    zero = zero["meta_info"]
     assert zero["input_token_logprobs"][0] == [None, 1, None] and zero["input_token_logprobs"][2:] == [
         [e[0], e[1], None] for e in inputs]
+    assert zero["input_top_logprobs"][0] is None and [t[0][:2] for t in zero["input_top_logprobs"][2:]] == [
+        t[0][:2] for t in input_tops]
     # no start: output logprobs only (SGLang's -1) ...
     unset = http.post("/generate", json={"input_ids": ids, "return_logprob": True,
                                          "sampling_params": {"max_new_tokens": 1}}).json()["meta_info"]
@@ -115,7 +123,7 @@ def test_logprob_entries_from_logprob_start_len(http, server):
     # ... but a prefill-only request, which has no output, gets its whole prompt's
     prefill = http.post("/generate", json={"input_ids": ids, "return_logprob": True,
                                            "sampling_params": {"max_new_tokens": 0}}).json()["meta_info"]
-    assert prefill["input_token_logprobs"] == zero["input_token_logprobs"]
+    assert prefill["input_token_logprobs"] == zero["input_token_logprobs"] and "input_top_logprobs" not in prefill
 
 
 def test_stream_interval(http):

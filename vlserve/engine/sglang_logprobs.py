@@ -4,8 +4,9 @@ Every entry is [logprob, token id, text]: the text is the token's own decode whe
 for return_text_in_logprobs, else null. `input_token_logprobs` lists every prompt position from
 logprob_start_len on (position 0 and image positions with a null logprob; an image position's id is
 its pseudo token, as /tokenize shows it, its text "<image>"), so its length plus logprob_start_len is
-the prompt's token count; with return_logprob and no start it is empty. `output_top_logprobs` holds,
-per output token, a list of such entries.
+the prompt's token count; with return_logprob and no start it is empty. `output_top_logprobs` and
+(with a start) `input_top_logprobs` hold, per token, a list of top_logprobs_num such entries (null for
+a prompt position without a logprob).
 """
 
 from vlserve.preprocess import is_pseudo_token
@@ -20,8 +21,9 @@ def sglang_logprobs(meta: dict, tokenizer=None) -> dict:
     meta.setdefault("input_token_logprobs", [])
     for key in ("input_token_logprobs", "output_token_logprobs"):
         meta[key] = _entries(meta[key], tokenizer)
-    if "output_top_logprobs" in meta:
-        meta["output_top_logprobs"] = [_entries(top, tokenizer) for top in meta["output_top_logprobs"]]
+    for key in ("input_top_logprobs", "output_top_logprobs"):
+        if key in meta:
+            meta[key] = [None if top is None else _entries(top, tokenizer) for top in meta[key]]
     return meta
 
 
