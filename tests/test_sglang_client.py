@@ -91,8 +91,14 @@ def programs(sgl) -> SimpleNamespace:
         s["prefix"], s["branches"] = s.text(), [branch.text() for branch in forks]
         forks.join("concate_and_append")
 
+    @sgl.function
+    def replace_branch(s):
+        forks = s.fork(2)
+        forks[0] = forks[1]  # a branch can be appended to, never replaced
+
     _programs[sgl.__name__] = SimpleNamespace(ask=ask, chat=chat, pick=pick, fork_all=fork_all,
-                                              fork_by_index=fork_by_index, fork_and_append=fork_and_append)
+                                              fork_by_index=fork_by_index, fork_and_append=fork_and_append,
+                                              replace_branch=replace_branch)
     return _programs[sgl.__name__]
 
 
@@ -151,6 +157,9 @@ def test_fork_join_every_way(frontend, monkeypatch):
 
     indexed = p.fork_by_index.run(picture=picture, questions=questions, temperature=0, backend=backend)
     assert indexed["answer"] == indexed["in_order"] == gathered["answer"]
+
+    with pytest.raises((AssertionError, ValueError)):  # SGLang's asserts, vlserve.lang's says why
+        p.replace_branch.run(backend=backend)
 
     if frontend.name == "sglang":
         # SGLang's client joins "concate_and_append" through a KV-cache route SGLang's own server no

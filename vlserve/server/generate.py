@@ -80,8 +80,9 @@ def generate_router(engine) -> APIRouter:
 
 def _refuse_unsupported(body: GenerateRequest) -> None:
     for name, what in UNSUPPORTED_FIELDS.items():
-        if getattr(body, name) not in (None, False, []) and not (isinstance(getattr(body, name), list)
-                                                                 and all(v is None for v in getattr(body, name))):
+        value = getattr(body, name)
+        values = value if isinstance(value, list) else [value]  # a batch may give one per prompt
+        if any(v is not None and v is not False for v in values):
             raise APIError(400, f"{name} is not supported: vlserve has no {what} (send it unset)", param=name,
                            code="unsupported_parameter")
 
