@@ -13,18 +13,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VLSERVE_VENV:-.venv}
 PY=${PYTHON:-python3}
+# SGLang's own frontend client, which tests/test_sglang_client.py drives against vlserve: the package
+# without its dependency list (that is SGLang's whole GPU runtime), and what `import sglang` and its
+# RuntimeEndpoint need beside torch and triton.
+SGLANG_CLIENT="sglang==0.5.23"
+SGLANG_CLIENT_DEPS="orjson psutil pybase64 msgspec pyzmq ipython aiohttp requests"
 
 setup() {
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   local pip="$VENV/bin/python -m pip"
   local stamp="$VENV/.vlserve-installed" want
-  want=$(cat pyproject.toml setup.py | sha1sum | cut -d' ' -f1)
+  want=$( (cat pyproject.toml setup.py; echo "$SGLANG_CLIENT $SGLANG_CLIENT_DEPS") | sha1sum | cut -d' ' -f1)
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
   $pip install -q --upgrade pip >/dev/null
   if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     $pip install -q "torch==2.13.0" ${VLSERVE_TORCH_INDEX:+--index-url "$VLSERVE_TORCH_INDEX"}
   fi
   $pip install -q -e ".[dev]"
+  $pip install -q $SGLANG_CLIENT_DEPS
+  $pip install -q --no-deps "$SGLANG_CLIENT"
   echo "$want" > "$stamp"
 }
 

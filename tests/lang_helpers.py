@@ -5,8 +5,9 @@ import sys
 import threading
 
 import httpx
+import pytest
 
-from server_helpers import metric_values
+from server_helpers import assert_leak_free, metric_values
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from common import scene as scene_png, video_scene as scene_video  # noqa: E402,F401 - the examples' scenes
@@ -21,6 +22,16 @@ def builtin_server(**overrides) -> tuple[object, BackgroundServer]:
     args = ServerArgs(port=0, max_total_tokens=8192, num_threads=1, **overrides)
     engine = make_engine(args)
     return engine, BackgroundServer(engine, args).start()
+
+
+@pytest.fixture(scope="module")
+def served():
+    """A test module's own server on the built-in model (engine, server); it must leak nothing."""
+    engine, server = builtin_server()
+    yield engine, server
+    assert_leak_free(engine, server.url)
+    server.stop()
+    engine.shutdown()
 
 
 class RecordingEndpoint(RuntimeEndpoint):

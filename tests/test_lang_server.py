@@ -7,21 +7,11 @@ import httpx
 import pytest
 
 import vlserve.lang as sgl
-from lang_helpers import RecordingEndpoint, builtin_server, metric, scene_png, scene_video
+from lang_helpers import RecordingEndpoint, metric, scene_png, scene_video, served  # noqa: F401 - served is a fixture
 from image_qa import image_qa  # noqa: I001 - examples/ is on the path once lang_helpers is imported
-from server_helpers import assert_leak_free
 from vlserve.lang.media import image_item
 
 COLOURS = [" red", " yellow", " blue circle", " light green", " purple"]
-
-
-@pytest.fixture(scope="module")
-def served():
-    engine, server = builtin_server()
-    yield engine, server
-    assert_leak_free(engine, server.url)
-    server.stop()
-    engine.shutdown()
 
 
 def test_fork_commits_image_and_prefix_once_before_any_branch(served):
@@ -82,7 +72,7 @@ def _independent_scores(engine, endpoint, prefix: str, picture: bytes, choices: 
         assert [i[1] for i in items] == full[shared:]
         alone = endpoint.call({"input_ids": full[shared:], "sampling_params": {"max_new_tokens": 0},
                                "return_logprob": True, "logprob_start_len": 0})
-        out.append(([i[0] for i in items], [0.0] + [i[0] for i in alone["meta_info"]["input_token_logprobs"]]))
+        out.append(([i[0] for i in items], [0.0] + [i[0] for i in alone["meta_info"]["input_token_logprobs"][1:]]))
     return out
 
 

@@ -70,9 +70,11 @@ def test_flush_cache_empties_the_cache_and_refuses_while_busy(own_server):
 def test_model_and_server_info(own_server):
     engine, http = own_server
     model = http.get("/get_model_info").json()
-    assert model["is_generation"] is True and model["model_path"] == engine.loaded.path
+    assert model["is_generation"] is True and model["model_path"] == model["tokenizer_path"] == engine.loaded.path
     assert model["architectures"] == ["LlavaForConditionalGeneration"] and model["served_model_name"] == served_model()
+    assert http.get("/model_info").json() == model
     info = http.get("/get_server_info").json()
+    assert set(http.get("/server_info").json()) == set(info)
     assert info["page_size"] == 1 and info["max_total_tokens"] == 4096 and "api_key" not in info
     assert info["internal_states"][0]["kv_pool_capacity_tokens"] == 4096 and "version" in info
 
@@ -189,7 +191,7 @@ def test_generate_answers_in_sglang_shapes_field_by_field(http):
     assert meta["id"] == "my-request" and meta["finish_reason"] == {"type": "length", "length": 3}
     assert meta["prompt_tokens"] > 0 and meta["completion_tokens"] == 3 and meta["cached_tokens"] >= 0
     assert meta["e2e_latency"] > 0
-    assert [i for _, i in meta["output_token_logprobs"]] == out["output_ids"]
+    assert [i for _, i, text in meta["output_token_logprobs"] if text is None] == out["output_ids"]
     assert all(len(top) == 2 for top in meta["output_top_logprobs"])
     stop = http.post("/generate", json={"text": "Hello", "sampling_params": {
         "max_new_tokens": 3, "temperature": 0, "stop_token_ids": out["output_ids"][:1]}}).json()

@@ -86,7 +86,7 @@ GENERATE_CASES = {
     "too many frames": ({"text": "a", "video_data": data_uri(mp4(3), "video/mp4"), "video_num_frames": 1000},
                         "video_max_frames"),
     "batch stream": ({"text": ["a", "b"], "stream": True}, "stream"),
-    "batch media not a list": ({"text": ["a", "b"], "image_data": data_uri(_PNG)}, "image_data"),
+    "batch media list too short": ({"text": ["a", "b"], "image_data": [data_uri(_PNG)]}, "image_data"),
     "empty prompt": ({"input_ids": []}, "empty"),
     "seed over 64 bits": ({"text": "a", "sampling_params": {"seed": 2**70}}, "seed"),
     "top_k over 31 bits": ({"text": "a", "sampling_params": {"top_k": 2**70, "temperature": 1}}, "top_k"),

@@ -40,7 +40,7 @@ def test_generate_input_ids_batch_and_logprobs(http):
     one = http.post("/generate", json={"input_ids": [1, 50, 60, 70], "return_logprob": True,
                                        "sampling_params": {"max_new_tokens": 3, "temperature": 0}}).json()
     logprobs = one["meta_info"]["output_token_logprobs"]
-    assert [t for _, t in logprobs] == one["output_ids"] and all(lp <= 0 for lp, _ in logprobs)
+    assert [t for _, t, _ in logprobs] == one["output_ids"] and all(lp <= 0 for lp, _, _ in logprobs)
     batch = http.post("/generate", json={"text": ["Hello", "The quick brown"],
                                          "sampling_params": [{"max_new_tokens": 2, "temperature": 0},
                                                              {"max_new_tokens": 3, "temperature": 0}]}).json()

@@ -83,7 +83,7 @@ class Req:
     output_ids: list[int] = field(default_factory=list)  # the one copy; the constraint keeps only states
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)  # per output token
-    input_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    input_logprobs: list[tuple[float, int, list]] = field(default_factory=list)  # (logprob, id, alternatives)
     finish_reason: str | None = None
     finish_matched: int | str | None = None  # the stop token id or stop string that ended it
     admit_time: float | None = None  # first admission (a retracted request keeps it)

@@ -1,11 +1,14 @@
 """Sampling parameters of one request, validated once at submission."""
 
 import json
+import re
 from dataclasses import dataclass, field, fields
 
 from vlserve.core.errors import InvalidRequest
+from vlserve.core.sglang_params import normalise_sglang_names
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily
+MAX_STOP_REGEX, MAX_STOP_REGEX_CHARS = 32, 256  # as SGLang's
 
 
 @dataclass
@@ -27,21 +30,43 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # SGLang's; a fast tokenizer's decode puts none either way
+    stop_regex: list[str] = field(default_factory=list)  # stop where the output text matches one (SGLang's)
+    no_stop_trim: bool = False  # keep the matched stop string / regex match in the text (SGLang's)
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "SamplingParams":
-        d = dict(d or {})
+        d = normalise_sglang_names(dict(d or {}))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise InvalidRequest(f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}")
-        if isinstance(d.get("stop"), str):
-            d["stop"] = [d["stop"]]
+        for name in ("stop", "stop_regex"):
+            if isinstance(d.get(name), str):
+                d[name] = [d[name]]
         if d.get("json_schema") is not None and not isinstance(d["json_schema"], str):
             d["json_schema"] = json.dumps(d["json_schema"])
         params = cls(**{k: v for k, v in d.items() if v is not None or k in ("seed", "regex", "json_schema")})
         params.validate()
+        params.check_sglang_fields()
         return params
+
+    def check_sglang_fields(self) -> None:
+        """The fields SGLang's /generate added (validate() checks the rest)."""
+        for name in ("spaces_between_special_tokens", "no_stop_trim"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequest(f"{name} must be a boolean")
+        if not (isinstance(self.stop_regex, list) and all(isinstance(r, str) and r for r in self.stop_regex)):
+            raise InvalidRequest("stop_regex must be a string or a list of non-empty strings")
+        if len(self.stop_regex) > MAX_STOP_REGEX:
+            raise InvalidRequest(f"stop_regex holds {len(self.stop_regex)} patterns, over the limit of {MAX_STOP_REGEX}")
+        for pattern in self.stop_regex:
+            if len(pattern) > MAX_STOP_REGEX_CHARS:
+                raise InvalidRequest(f"a stop_regex pattern is {len(pattern)} characters, over {MAX_STOP_REGEX_CHARS}")
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise InvalidRequest(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
 
     def validate(self) -> None:
         def need(ok: bool, msg: str):

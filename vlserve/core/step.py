@@ -38,4 +38,5 @@ class StepResult:
     mode: ForwardMode
     sampled: list[SampledToken | None]  # None where not sampled, or where sampling failed
     sample_errors: list[str | None]  # why sampling failed for that request alone
-    input_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)  # prompt logprobs found
+    # prompt logprobs found: (logprob, id, top alternatives as (logprob, id) pairs)
+    input_logprobs: list[list[tuple[float, int, list]]] = field(default_factory=list)

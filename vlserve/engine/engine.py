@@ -209,7 +209,9 @@ class Engine:
                 self.abort(req.rid)
 
     def _assembler(self, req: Req) -> OutputAssembler:
-        return OutputAssembler(self.tokenizer, req.sampling.stop, req.sampling.skip_special_tokens, req.return_logprob)
+        p = req.sampling
+        return OutputAssembler(self.tokenizer, p.stop, p.skip_special_tokens, req.return_logprob,
+                               stop_regex=p.stop_regex, no_stop_trim=p.no_stop_trim)
 
     def flush_cache(self, timeout: float = 30.0) -> bool:
         """Empties the radix tree and the vision-embedding cache, on the loop thread, only while no

@@ -1,5 +1,6 @@
 """Turns a request's StepOutputs into results: incremental detokenization, stop-string trimming."""
 
+import re
 from dataclasses import dataclass, field
 
 from vlserve.core.request import StepOutput
@@ -11,6 +12,8 @@ class OutputAssembler:
     stop: list[str]
     skip_special_tokens: bool = True
     return_logprob: bool = False
+    stop_regex: list[str] = field(default_factory=list)
+    no_stop_trim: bool = False  # the text keeps the stop string (or regex match) it ended on
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
@@ -54,8 +57,8 @@ class OutputAssembler:
 
     def _text(self, final: bool) -> str:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special_tokens)
-        cut = min((text.find(s) for s in self.stop if s in text), default=-1)
-        if cut >= 0:
+        cut = self._stop_cut(text)
+        if cut is not None:
             return text[:cut]
         if not final:
             if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its next byte
@@ -63,3 +66,13 @@ class OutputAssembler:
             held = max((len(s) - 1 for s in self.stop), default=0)  # might be the start of a stop string
             text = text[:len(text) - held] if held else text
         return text
+
+    def _stop_cut(self, text: str) -> int | None:
+        """Where the text ends at its first stop string or stop_regex match (after it with
+        no_stop_trim), or None."""
+        spans = [(text.find(s), text.find(s) + len(s)) for s in self.stop if s in text]
+        spans += [m.span() for m in (re.search(r, text) for r in self.stop_regex) if m and m.end() > m.start()]
+        if not spans:
+            return None
+        start, end = min(spans)
+        return end if self.no_stop_trim else start

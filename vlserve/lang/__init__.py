@@ -11,9 +11,9 @@
     print(colour.run(picture="shape.png", temperature=0)["answer"])
 """
 
-from vlserve.lang.api import (assistant, assistant_begin, assistant_end, function, gen, gen_int, gen_string, image,
-                              select, set_default_backend, system, system_begin, system_end, user, user_begin,
-                              user_end, video)
+from vlserve.lang.api import (assistant, assistant_begin, assistant_end, flush_cache, function, gen, gen_int,
+                              gen_string, get_server_info, image, select, set_default_backend, system, system_begin,
+                              system_end, user, user_begin, user_end, video)
 from vlserve.lang.backend.base import BaseBackend
 from vlserve.lang.backend.engine import EngineBackend
 from vlserve.lang.backend.runtime_endpoint import RuntimeEndpoint
@@ -39,7 +39,7 @@ def OpenAI(*args, **kwargs):
 
 
 __all__ = [
-    "assistant", "assistant_begin", "assistant_end", "function", "gen", "gen_int", "gen_string", "image",
+    "assistant", "assistant_begin", "assistant_end", "flush_cache", "get_server_info", "function", "gen", "gen_int", "gen_string", "image",
     "select", "set_default_backend", "system", "system_begin", "system_end", "user", "user_begin", "user_end",
     "video", "BaseBackend", "EngineBackend", "RuntimeEndpoint", "OpenAI", "Engine", "ChatTemplate",
     "get_chat_template", "greedy_token_selection", "token_length_normalized",

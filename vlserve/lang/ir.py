@@ -14,6 +14,7 @@ DTYPE_REGEX = {
     bool: r"(True|False)",
     str: r"\"[^\"\n]*\"",
 }
+REQUEST_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 _DTYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str, "string": str}
 
 
@@ -40,6 +41,16 @@ class SglSamplingParams:
     regex: str | None = None
     json_schema: str | dict | None = None
     dtype: Any = None
+    min_new_tokens: int | None = None
+    n: int | None = None
+    stop_regex: str | list[str] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    # request fields, not sampling ones: the gen's logprobs (SGLang's names and meaning)
+    return_logprob: bool | None = None
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool | None = None
 
     def merged_over(self, default: "SglSamplingParams") -> "SglSamplingParams":
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -56,7 +67,14 @@ class SglSamplingParams:
         out = {"max_new_tokens": self.max_new_tokens, "stop": self.stop_list() or None,
                "stop_token_ids": self.stop_token_ids, "temperature": self.temperature, "top_p": self.top_p,
                "top_k": self.top_k, "min_p": self.min_p, "ignore_eos": self.ignore_eos, "regex": regex,
-               "json_schema": self.json_schema}
+               "json_schema": self.json_schema, "min_new_tokens": self.min_new_tokens, "n": self.n,
+               "stop_regex": self.stop_regex or None, "frequency_penalty": self.frequency_penalty,
+               "presence_penalty": self.presence_penalty}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def request_fields(self) -> dict:
+        """The logprob fields a gen sets, for the request body beside sampling_params."""
+        out = {name: getattr(self, name) for name in REQUEST_FIELDS}
         return {k: v for k, v in out.items() if v is not None}
 
     def to_openai(self) -> dict:

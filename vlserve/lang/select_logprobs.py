@@ -7,7 +7,8 @@
    from position P - window. Appending a choice can re-tokenise the prefix's last tokens, so the
    choice's tokens start where its token ids first differ from the prefix's own (found by
    tokenising both, in the server); a window that holds no common token is doubled and retried.
-3. unconditional_likelihood_normalized only: the choices' token ids alone, scored from position 0.
+3. unconditional_likelihood_normalized only: the choices' token ids alone, scored from position 0
+   (whose first entry has no logprob: None).
 """
 
 import os
@@ -18,7 +19,7 @@ WINDOW = 4
 def choice_token_logprobs(prefix_items: list, full_items: list) -> tuple[list[list], int]:
     """The (logprob, id) items of the choice's own tokens, and how many leading items it shares."""
     shared = len(os.path.commonprefix([[i[1] for i in prefix_items], [i[1] for i in full_items]]))
-    return [[lp, tid] for lp, tid in full_items[shared:]], shared
+    return [[item[0], item[1]] for item in full_items[shared:]], shared
 
 
 def score_choices(call, prompt_of, text: str, media: list, choices: list[str],
@@ -47,10 +48,9 @@ def score_choices(call, prompt_of, text: str, media: list, choices: list[str],
 
 def unconditional_logprobs(call, choice_tokens: list[list]) -> list[list]:
     """Each choice's tokens scored with no context; the first has none (None)."""
-    results = call({"input_ids": [[tid for _, tid in tokens] for tokens in choice_tokens],
+    results = call({"input_ids": [[item[1] for item in tokens] for tokens in choice_tokens],
                     "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 0})
-    return [[[None, tokens[0][1]]] + [[lp, tid] for lp, tid in r["meta_info"]["input_token_logprobs"]]
-            for tokens, r in zip(choice_tokens, results)]
+    return [[[item[0], item[1]] for item in r["meta_info"]["input_token_logprobs"]] for r in results]
 
 
 def select_choice(call, prompt_of, s, choices: list[str], method):
@@ -58,7 +58,7 @@ def select_choice(call, prompt_of, s, choices: list[str], method):
     exact = s.token_mark is not None and s.token_mark[0] == len(s.text_)  # nothing appended since
     known = s.token_mark[1] if exact else None
     tokens, results = score_choices(call, prompt_of, s.text_, s.media, choices, known)
-    normalized = [sum(lp for lp, _ in t) / len(t) for t in tokens]
+    normalized = [sum(item[0] for item in t) / len(t) for t in tokens]
     unconditional = unconditional_logprobs(call, tokens) if method.requires_unconditional_logprobs else None
     decision = method(choices=choices, normalized_prompt_logprobs=normalized, input_token_logprobs=tokens,
                       output_token_logprobs=[[] for _ in choices], unconditional_token_logprobs=unconditional)

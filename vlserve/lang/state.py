@@ -21,9 +21,12 @@ class ProgramState:
         return self
 
     def _role(self, name: str, expr=None):
+        """With expr: submits the role around it and returns that expression (as SGLang's does);
+        without: a context manager for a role whose content is appended inside it."""
         if expr is not None:
-            self.stream_executor.submit(SglExprList([SglRoleBegin(name), expr, SglRoleEnd(name)]))
-            return None
+            role_expr = SglExprList([SglRoleBegin(name), expr, SglRoleEnd(name)])
+            self.stream_executor.submit(role_expr)
+            return role_expr
         return self._role_scope(name)
 
     @contextmanager
@@ -47,11 +50,13 @@ class ProgramState:
         yield
         self.stream_executor.submit(SglVarScopeEnd(name))
 
-    def fork(self, size: int = 1) -> "ProgramStateGroup":
+    def fork(self, size: int = 1, position_ids_offset: list[int] | None = None) -> "ProgramStateGroup":
+        _refuse_position_ids_offset(position_ids_offset)
         return ProgramStateGroup([ProgramState(e) for e in self.stream_executor.fork(size)], self)
 
     @contextmanager
-    def copy(self):
+    def copy(self, position_ids_offset: list[int] | None = None):
+        _refuse_position_ids_offset(position_ids_offset)
         group = self.fork(1)
         try:
             yield group[0]
@@ -109,11 +114,20 @@ class ProgramState:
                 exe._raise_error()
                 return
 
-    async def text_async_iter(self, var_name: str | None = None):
-        """text_iter for `async for`: each wait runs in a thread, never on the event loop."""
+    async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False):
+        """text_iter for `async for`: each wait runs in a thread, never on the event loop. With
+        return_meta_data (and a variable), each piece comes as (piece, the variable's meta_info so far)."""
         pieces, done = self.text_iter(var_name), object()
         while (piece := await asyncio.to_thread(next, pieces, done)) is not done:
-            yield piece
+            if return_meta_data and var_name is not None:
+                yield piece, self.stream_executor.meta_info.get(var_name)
+            else:
+                yield piece
+
+
+def _refuse_position_ids_offset(offset: list[int] | None) -> None:
+    if offset is not None:
+        raise ValueError("position_ids_offset is not supported: vlserve's branches continue their prefix's positions")
 
 
 def _next_piece(exe: StreamExecutor, var_name: str | None, prev: int) -> tuple[str, bool]:
@@ -164,6 +178,12 @@ class ProgramStateGroup:
 
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        """`forks[i] += expr` appends to branch i in place (ProgramState.__iadd__ returns the branch),
+        then assigns it back here: only that same branch may be assigned."""
+        if value is not self.states[i]:
+            raise ValueError("a fork group's branches cannot be replaced; append to them with forks[i] += ...")
 
     def __len__(self) -> int:
         return len(self.states)

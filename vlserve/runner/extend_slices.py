@@ -23,8 +23,9 @@ def _logits_from(req: Req, start: int, end: int) -> int:
     return first - start if first < end - 1 else -1
 
 
-def prompt_logprobs(req: Req, s: ExtendSlice, logits: torch.Tensor) -> list[tuple[float, int]]:
-    """(logprob, token) of each prompt token q+1 under the logits at q, for the slice's logits rows."""
+def prompt_logprobs(req: Req, s: ExtendSlice, logits: torch.Tensor) -> list[tuple[float, int, list]]:
+    """(logprob, token, top alternatives) of each prompt token q+1 under the logits at q, for the slice's
+    logits rows; the alternatives are req.top_logprobs_num (logprob, id) pairs, best first."""
     positions = range(s.prefix_len + s.logits_from, s.prefix_len + len(s.ids))
     vocab = logits.shape[1]  # image positions hold pseudo-token ids: no logprob for them
     targets = [(i, q + 1) for i, q in enumerate(positions)
@@ -34,4 +35,8 @@ def prompt_logprobs(req: Req, s: ExtendSlice, logits: torch.Tensor) -> list[tupl
     logprobs = torch.log_softmax(logits[[i for i, _ in targets]], dim=-1)
     ids = [req.input_ids[q] for _, q in targets]
     values = logprobs.gather(1, torch.tensor(ids)[:, None]).squeeze(1).tolist()
-    return list(zip(values, ids))
+    tops = [[] for _ in ids]
+    if req.top_logprobs_num > 0:
+        top_values, top_ids = logprobs.topk(req.top_logprobs_num, dim=-1)
+        tops = [list(zip(v, t)) for v, t in zip(top_values.tolist(), top_ids.tolist())]
+    return list(zip(values, ids, tops))

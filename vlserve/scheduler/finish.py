@@ -1,6 +1,10 @@
-"""When a request stops: EOS, stop token ids, stop strings, length, the context, its constraint."""
+"""When a request stops: EOS, stop token ids, stop strings and regexes, length, the context, its constraint."""
+
+import re
 
 from vlserve.core.request import Req
+
+STOP_REGEX_TAIL = 64  # output tokens a stop_regex is searched in (checked every step, so a match is seen as it forms)
 
 
 class FinishChecker:
@@ -18,6 +22,8 @@ class FinishChecker:
         if req.constraint is not None and req.constraint.is_terminated():
             return "stop", None
         matched = self._stop_string(req) if not early and p.stop else None
+        if matched is None and not early and p.stop_regex:
+            matched = self._stop_regex(req)
         if matched is not None:
             return "stop", matched
         if len(req.output_ids) >= p.max_new_tokens or req.seq_len >= context_len:
@@ -29,3 +35,7 @@ class FinishChecker:
         tail = max(len(s) for s in req.sampling.stop) + 2
         text = self.tokenizer.decode(req.output_ids[-tail:], skip_special_tokens=False)
         return next((s for s in req.sampling.stop if s in text), None)
+
+    def _stop_regex(self, req: Req) -> str | None:
+        text = self.tokenizer.decode(req.output_ids[-STOP_REGEX_TAIL:], skip_special_tokens=False)
+        return next((r for r in req.sampling.stop_regex if (m := re.search(r, text)) and m.end() > m.start()), None)

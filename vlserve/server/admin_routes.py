@@ -1,4 +1,11 @@
-"""SGLang's native service routes: /flush_cache, /get_model_info, /get_server_info, /tokenize, /detokenize.
+"""SGLang's native service routes: /flush_cache, /get_model_info and /model_info, /get_server_info and
+/server_info (SGLang's newer names, the same answers), /tokenize, /detokenize.
+
+model_path is the checkpoint directory, as SGLang reports the path it serves; SGLang's frontend picks
+its chat template from it (`get_chat_template_by_model_path`). The built-in model's path would pick
+SGLang's plain "default" template, so for it model_path names the format the model was trained on,
+"USER: <image>\n… ASSISTANT: …</s>" (LLaVA-1.5's, SGLang's "vicuna_v1.1"); tokenizer_path is always the
+directory (where the tokenizer, chat template and processor config are: what the router reads).
 
 /tokenize and /detokenize accept images and videos too: the ids they show are the ones the radix tree
 sees (each image or frame as its pseudo-token keys); /detokenize renders a run of pseudo tokens as
@@ -6,14 +13,19 @@ sees (each image or frame as its pseudo-token keys); /detokenize renders a run o
 """
 
 import dataclasses
+import os
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 
 import vlserve
+from vlserve.model.builtin import BUILTIN_MODEL_DIR
 from vlserve.preprocess import is_pseudo_token
 from vlserve.server.args import ServerArgs
 from vlserve.server.errors import APIError, ErrorMappingRoute
+
+
+BUILTIN_MODEL_PATH = "vlserve-builtin-llava-v1.5"
 
 
 class TokenizeRequest(BaseModel):
@@ -41,14 +53,16 @@ def admin_router(engine, args: ServerArgs) -> APIRouter:
         return Response("Cache flushed.\n", media_type="text/plain")
 
     @router.get("/get_model_info")
+    @router.get("/model_info")
     async def get_model_info() -> dict:
         hf = engine.loaded.hf_config
-        return {"model_path": engine.loaded.path, "tokenizer_path": engine.loaded.path, "is_generation": True,
-                "preferred_sampling_params": None, "weight_version": "default", "has_image_understanding": True,
-                "has_audio_understanding": False, "model_type": hf.model_type,
+        return {"model_path": _model_path(engine.loaded.path), "tokenizer_path": engine.loaded.path,
+                "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+                "has_image_understanding": True, "has_audio_understanding": False, "model_type": hf.model_type,
                 "architectures": list(hf.architectures or []), "served_model_name": args.model_name()}
 
     @router.get("/get_server_info")
+    @router.get("/server_info")
     async def get_server_info() -> dict:
         info = {k: v for k, v in dataclasses.asdict(args).items() if k != "api_key"}
         state = {"kv_pool_tokens": engine.pool_state(), "kv_pool_capacity_tokens": engine.memory.allocator.capacity,
@@ -76,6 +90,10 @@ def admin_router(engine, args: ServerArgs) -> APIRouter:
         return {"text": _detokenize(engine, body.tokens, body.skip_special_tokens)}
 
     return router
+
+
+def _model_path(path: str) -> str:
+    return BUILTIN_MODEL_PATH if os.path.realpath(path) == os.path.realpath(BUILTIN_MODEL_DIR) else path
 
 
 def _tokenize(engine, prompt: str, body: TokenizeRequest) -> list[int]:

@@ -32,5 +32,11 @@ class BaseBackend:
     def end_program(self, s) -> None:
         """The state ended."""
 
+    def flush_cache(self) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} has no cache to flush")
+
+    def get_server_info(self) -> dict:
+        raise NotImplementedError(f"{type(self).__name__} has no server info")
+
     def shutdown(self) -> None:
         pass

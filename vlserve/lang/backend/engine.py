@@ -1,7 +1,10 @@
 """The in-process backend: programs run on a vlserve Engine in this process (no HTTP)."""
 
 import asyncio
+import dataclasses
 
+import vlserve
+from vlserve.engine.sglang_logprobs import sglang_logprobs
 from vlserve.lang.backend.native import NativeBackend
 from vlserve.lang.chat_template import VICUNA
 
@@ -15,12 +18,19 @@ class EngineBackend(NativeBackend):
         return item.data
 
     def call(self, payload: dict):
-        kwargs = _engine_kwargs(payload)
-        result = self.engine.generate(**kwargs)
+        texts = payload.get("return_text_in_logprobs")
+        result = self.engine.generate(**_engine_kwargs(payload))
         for r in result if isinstance(result, list) else [result]:
             if r.get("error"):
                 raise RuntimeError(f"vlserve engine: {r['error']}")
+            sglang_logprobs(r["meta_info"], self.engine.tokenizer if texts else None)  # as the server's answers
         return result
+
+    def flush_cache(self) -> bool:
+        return self.engine.flush_cache()
+
+    def get_server_info(self) -> dict:
+        return {**dataclasses.asdict(self.engine.args), "version": vlserve.__version__}
 
     def call_stream(self, payload: dict):
         # The engine's streaming API is async; this worker thread runs its own loop to read it.
@@ -47,6 +57,7 @@ class EngineBackend(NativeBackend):
 
 def _engine_kwargs(payload: dict) -> dict:
     kwargs = dict(payload)
+    kwargs.pop("return_text_in_logprobs", None)
     if "text" in kwargs:
         kwargs["prompt"] = kwargs.pop("text")
     return kwargs

@@ -44,13 +44,15 @@ class NativeBackend(BaseBackend):
         return result
 
     def generate(self, s, sampling_params) -> tuple[str, dict]:
-        result = self.call({**self.prompt(s.text_, s.media), "sampling_params": sampling_params.to_runtime()})
+        result = self.call({**self.prompt(s.text_, s.media), "sampling_params": sampling_params.to_runtime(),
+                            **sampling_params.request_fields()})
         meta = result["meta_info"]
         s.token_mark = (len(s.text_) + len(result["text"]), meta["prompt_tokens"] + meta["completion_tokens"])
         return result["text"], meta
 
     def generate_stream(self, s, sampling_params):
-        payload = {**self.prompt(s.text_, s.media), "sampling_params": sampling_params.to_runtime()}
+        payload = {**self.prompt(s.text_, s.media), "sampling_params": sampling_params.to_runtime(),
+                   **sampling_params.request_fields()}
         sent, start, meta = "", len(s.text_), {}
         for chunk in self.call_stream(payload):
             text, meta = chunk["text"], chunk["meta_info"]

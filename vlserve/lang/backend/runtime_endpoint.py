@@ -41,6 +41,19 @@ class RuntimeEndpoint(NativeBackend):
                     raise RuntimeError(f"{self.base_url}/generate: {chunk['error']}")
                 yield chunk
 
+    def flush_cache(self) -> bool:
+        """True once flushed; False while requests run (the server flushes only when idle)."""
+        response = self.client.post("/flush_cache")
+        if response.status_code not in (200, 400):
+            raise RuntimeError(f"{self.base_url}/flush_cache answered {response.status_code}: {_message(response)}")
+        return response.status_code == 200
+
+    def get_server_info(self) -> dict:
+        response = self.client.get("/server_info")
+        if response.status_code != 200:
+            raise RuntimeError(f"{self.base_url}/server_info answered {response.status_code}: {_message(response)}")
+        return response.json()
+
     def shutdown(self) -> None:
         self.client.close()
 
