@@ -206,7 +206,7 @@ def bench_ours(hf, kind: str, spec, steps: int, rng, cached: bool = False):
     if id(hf) not in _COMPILERS:
         _COMPILERS.clear()
         _COMPILERS[id(hf)] = ConstraintCompiler(hf)
-        _COMPILERS[id(hf)]._token_vocab()
+        _COMPILERS[id(hf)].token_vocab()
     compiler = _COMPILERS[id(hf)]
     arg = {"regex": spec} if kind == "regex" else {"json_schema": spec}
     compiler._cache.clear()  # time a real compile, not a cache hit
