@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from vlserve.core.errors import ConstraintError
@@ -84,7 +85,6 @@ class CompiledConstraint:
         self.initial_state: int = byte_dfa.initial
         self._table = dense_table(byte_dfa)
         self._masks: dict[int, torch.Tensor] = {}
-        self._eos = torch.tensor(vocab.eos_ids, dtype=torch.long)
 
     def is_accepting(self, state: int) -> bool:
         return state in self.byte_dfa.accepting
@@ -100,9 +100,10 @@ class CompiledConstraint:
         """Bool [len(tokenizer)]: the tokens allowed in `state`, EOS only when accepting."""
         row = self._masks.get(state)
         if row is None:
-            row = torch.zeros(self.vocab.size, dtype=torch.bool)
-            row[allowed_token_ids(self._table, self.byte_dfa.num_states, self.vocab.columns, state)] = True
-            row[self._eos] = self.is_accepting(state)
+            allowed = np.zeros(self.vocab.size, dtype=np.bool_)
+            allowed[allowed_token_ids(self._table, self.byte_dfa.num_states, self.vocab.columns, state)] = True
+            allowed[self.vocab.eos_ids] = self.is_accepting(state)
+            row = torch.from_numpy(allowed)
             self._masks[state] = row  # a race only computes the same row twice
         return row
 
@@ -192,7 +193,7 @@ class ConstraintCompiler:
     def _compiled(self, regex: str, byte_dfa: ByteDFA) -> CompiledConstraint:
         compiled = CompiledConstraint(self.token_vocab(), regex, byte_dfa)
         # the first mask is walked here, off the loop; an empty one means a vocabulary without the bytes
-        if not bool(compiled.mask(compiled.initial_state).any()):
+        if not compiled.mask(compiled.initial_state).numpy().any():
             raise ConstraintError("the tokenizer cannot produce any string the constraint allows")
         return compiled
 

@@ -10,7 +10,8 @@ outlines-core's Index drops transitions that leave an accepting state through a 
 sentinel, `(?:R)` + U+10FFFF, and no state before the sentinel is accepting. "R may end here" is
 "the sentinel can be read from here". States that lead only into the sentinel are dead and
 pruned, so real output never takes the sentinel's path (tokens that would are masked out).
-Both indexes are built from the same regex, so they share DFA state ids.
+Token masks are walked over this DFA (token_walk.py), so token and byte states are the same ids,
+renumbered 0..n-1 over the live states.
 
 A state is *singular* when it is not accepting (accepting means EOS is an alternative) and has
 exactly one outgoing byte. A chain of singular transitions is merged into one compressed edge:

@@ -6,14 +6,17 @@ token automaton built up front for every state (outlines-core's Index: as slow a
 DFA itself, and unbounded), the allowed tokens of a state are found when a request first reaches
 it: the tokens are sorted by length, longest first, and walked one byte column at a time over a
 dense [states + 1, 256] table whose last row is a dead sink — one gather per column, so a 32k
-vocabulary costs a few ms per state, once per state of a compiled constraint.
+vocabulary costs about a millisecond per state, once per state of a compiled constraint. NumPy,
+not torch: the walk runs on compile threads and the loop alike, and torch's parallel kernels
+called from a second thread would start a second OpenMP team beside the loop's
+(docs/ARCHITECTURE.md, "Threads and processes").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from vlserve.constrained.fsm import ByteDFA
 
@@ -23,8 +26,8 @@ class TokenColumns:
     """The vocabulary laid out for walking: ids[:counts[i]] are the tokens longer than i bytes,
     columns[i] their (i+1)-th bytes."""
 
-    ids: torch.Tensor  # long [n]: token ids with bytes (EOS and special tokens left out), longest first
-    columns: tuple[torch.Tensor, ...]  # columns[i]: long [counts[i]]
+    ids: np.ndarray  # int64 [n]: token ids with bytes (EOS and special tokens left out), longest first
+    columns: tuple[np.ndarray, ...]  # columns[i]: int64 [counts[i]]
 
     @classmethod
     def of(cls, token_bytes: list[bytes | None], skip: set[int]) -> TokenColumns:
@@ -35,26 +38,26 @@ class TokenColumns:
             longer_than[len(data) - 1] += 1
         for i in range(len(longer_than) - 2, -1, -1):
             longer_than[i] += longer_than[i + 1]
-        columns = [torch.tensor([data[i] for data, _ in tokens[:count]], dtype=torch.long)
+        columns = [np.array([data[i] for data, _ in tokens[:count]], dtype=np.int64)
                    for i, count in enumerate(longer_than)]
-        return cls(torch.tensor([tid for _, tid in tokens], dtype=torch.long), tuple(columns))
+        return cls(np.array([tid for _, tid in tokens], dtype=np.int64), tuple(columns))
 
 
-def dense_table(dfa: ByteDFA) -> torch.Tensor:
-    """Flat long [(n + 1) * 256]: entry s * 256 + b is the state after byte b in state s; n (the
+def dense_table(dfa: ByteDFA) -> np.ndarray:
+    """Flat int64 [(n + 1) * 256]: entry s * 256 + b is the state after byte b in state s; n (the
     row past the last state) is the dead sink, which every missing transition leads to."""
     n = dfa.num_states
-    table = torch.full((n + 1, 256), n, dtype=torch.long)
+    table = np.full((n + 1, 256), n, dtype=np.int64)
     for state, edges in dfa.transitions.items():
         if edges:
-            table[state, torch.tensor(list(edges), dtype=torch.long)] = torch.tensor(list(edges.values()))
-    return table.view(-1)
+            table[state, list(edges)] = list(edges.values())
+    return table.reshape(-1)
 
 
-def allowed_token_ids(table: torch.Tensor, sink: int, columns: TokenColumns, state: int) -> torch.Tensor:
+def allowed_token_ids(table: np.ndarray, sink: int, columns: TokenColumns, state: int) -> np.ndarray:
     """Ids of the tokens whose every byte the DFA reads from `state`."""
-    current = torch.full((columns.ids.numel(),), state, dtype=torch.long)
+    current = np.full(columns.ids.size, state, dtype=np.int64)
     for column in columns.columns:
-        k = column.numel()
+        k = column.size
         current[:k] = table[current[:k] * 256 + column]
     return columns.ids[current != sink]
