@@ -4,8 +4,8 @@ One ConstraintCompiler per model tokenizer. The expensive half (source → regex
 need the tokenizer: with a CompileWorkers pool it runs in a worker process under a time limit, and
 without one (tests, benchmarks) on the calling thread. Either way compile_async returns at once with
 a Future; compile() waits on it. The budget's state limit is checked on every DFA. Concurrent
-requests for the same source share one Future (one compile); results and errors are kept in an LRU
-keyed by (kind, text). The open JSON schema and json_object's schema come precompiled
+requests for the same source share one Future (one compile); results and the request's errors
+(ConstraintError, the budget's included) are kept in an LRU keyed by (kind, text). The open JSON schema and json_object's schema come precompiled
 (json_automata.py) and stay cached for the compiler's life.
 """
 
@@ -187,6 +187,10 @@ class ConstraintCompiler:
     def _fail(self, future: Future, started: float, error: BaseException) -> None:
         outcome = (error.reason if isinstance(error, ConstraintTooLarge)
                    else "invalid" if isinstance(error, ConstraintError) else "error")
+        if outcome == "error":  # the server's fault, maybe passing (a worker that did not start): not cached
+            with self._cache_lock:
+                for key in [k for k, f in self._cache.items() if f is future]:
+                    del self._cache[key]
         self._observe(time.monotonic() - started, outcome)
         future.set_exception(error)
 
