@@ -9,6 +9,7 @@ import re
 import threading
 from concurrent.futures import Future
 
+import httpx
 import pytest
 import torch
 from constrained_helpers import run_decode, train_tokenizer
@@ -201,8 +202,38 @@ def test_json_object_through_the_chat_route_is_a_json_object(http):
     assert "vlserve_grammar_compile_seconds_count" in metrics
 
 
-def test_a_grammar_over_the_budget_is_a_400_naming_the_field(http):
-    body = {"model": http.get("/v1/models").json()["data"][0]["id"], "max_tokens": 4,
-            "messages": [{"role": "user", "content": "hi"}], "regex": "(unclosed"}
-    out = http.post("/v1/chat/completions", json=body)
-    assert out.status_code == 400 and "regex" in out.json()["error"]["message"]
+@pytest.fixture(scope="module")
+def small_budget_http():
+    """A server whose grammars may have at most 20 states."""
+    from server_helpers import assert_leak_free, start_server
+
+    engine, server = start_server(grammar_max_states=20)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            yield client
+        assert_leak_free(engine, server.url)
+    finally:
+        server.stop()
+        engine.shutdown()
+
+
+def _chat(http, **fields) -> httpx.Response:
+    return http.post("/v1/chat/completions", json={
+        "model": http.get("/v1/models").json()["data"][0]["id"], "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+def test_a_grammar_over_the_budget_is_a_400_naming_the_field(small_budget_http):
+    out = _chat(small_budget_http, regex="[a-z]{40}")
+    assert out.status_code == 400, out.text
+    assert out.json()["error"]["message"].startswith("regex is too large or too open to compile")
+    schema = {"type": "object", "properties": {"a_long_property_name": {"type": "string"}}}
+    out = _chat(small_budget_http, response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    assert out.status_code == 400, out.text
+    assert out.json()["error"]["message"].startswith("json_schema (or response_format) is too large")
+    out = _chat(small_budget_http, regex="(unclosed")
+    assert out.status_code == 400 and "invalid regex" in out.json()["error"]["message"]
+    # the precompiled automata cost no compile: json_object is served whatever the state limit
+    assert _chat(small_budget_http, response_format={"type": "json_object"}).status_code == 200
+    metrics = small_budget_http.get("/metrics").text
+    assert 'vlserve_grammar_compile_failures_total{model_name=' in metrics and 'reason="states"} 2.0' in metrics
