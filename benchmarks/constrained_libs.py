@@ -201,7 +201,7 @@ _COMPILERS: dict[int, object] = {}
 def bench_ours(hf, kind: str, spec, steps: int, rng, cached: bool = False):
     """The chosen path as the engine uses it: one ConstraintCompiler per tokenizer (its vocabulary
     tables are built once, outside the timing), per-state bool masks built on first visit."""
-    from vlserve.constrained import ConstraintCompiler
+    from vlserve.constrained import ConstraintCompiler, ConstraintState
 
     if id(hf) not in _COMPILERS:
         _COMPILERS.clear()
@@ -214,7 +214,7 @@ def bench_ours(hf, kind: str, spec, steps: int, rng, cached: bool = False):
     row = torch.zeros(len(hf), dtype=torch.bool)
 
     def walk(seed_rng):
-        state = compiled.new_state()
+        state = ConstraintState(compiled)
 
         def fill():
             state.fill_allowed_mask(row)

@@ -172,11 +172,12 @@ class Engine:
         """One request, or a batch when prompt / input_ids is a list of them. Blocks until done."""
         batch = _is_batch(prompt, input_ids)
         n = len(prompt if prompt is not None else input_ids) if batch else 1
-        reqs = [self.make_request(
+        pending = [self.builder.build_pending(
             prompt=_pick(prompt, i, batch), input_ids=_pick(input_ids, i, batch),
             image_data=_pick(image_data, i, batch), video_data=_pick(video_data, i, batch),
             sampling_params=_pick(sampling_params, i, isinstance(sampling_params, list)),
             return_logprob=return_logprob, logprob_start_len=logprob_start_len, **kwargs) for i in range(n)]
+        reqs = [p.wait() for p in pending]  # a batch's constraints compile side by side
         assemblers = [self._assembler(req) for req in reqs]
         done = [threading.Event() for _ in reqs]
         outputs: list[list[StepOutput]] = [[] for _ in reqs]
