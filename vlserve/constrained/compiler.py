@@ -155,20 +155,22 @@ class ConstraintCompiler:
 
     def _start(self, future: Future, key: tuple[str, str]) -> None:
         started = time.monotonic()
-        found = precompiled(key[1]) if key[0] == "json_schema" else None
-        if found is not None:
-            with self._cache_lock:
-                self._pinned[key] = future
-                self._cache.pop(key, None)
-            self._finish(future, started, found)
-        elif self._workers is None:
-            try:
-                self._finish(future, started, compile_to_byte_dfa(*key, self.budget.max_states))
-            except BaseException as e:  # delivered to every waiter, including ConstraintError
-                self._fail(future, started, e)
-        else:
-            job = self._workers.submit(CompileJob(key[0], key[1], self.budget.max_states))
-            job.add_done_callback(lambda done: self._finish_job(future, started, done))
+        try:
+            found = precompiled(key[1]) if key[0] == "json_schema" else None
+            if found is not None:
+                with self._cache_lock:
+                    self._pinned[key] = future
+                    self._cache.pop(key, None)
+            elif self._workers is not None:
+                job = self._workers.submit(CompileJob(key[0], key[1], self.budget.max_states))
+                job.add_done_callback(lambda done: self._finish_job(future, started, done))
+                return
+            else:
+                found = compile_to_byte_dfa(*key, self.budget.max_states)
+        except BaseException as e:  # delivered to every waiter, including ConstraintError
+            self._fail(future, started, e)
+            return
+        self._finish(future, started, found)
 
     def _finish_job(self, future: Future, started: float, done: Future) -> None:
         try:
