@@ -71,6 +71,17 @@ def test_invalid_sources_come_back_from_the_worker_as_constraint_errors(tok):
         workers.shutdown()
 
 
+def test_a_pool_that_was_shut_down_starts_again_for_the_next_job(tok):
+    workers = CompileWorkers(1, timeout_s=30)
+    compiler = ConstraintCompiler(tok, workers=workers)
+    assert compiler.compile(regex="a|b").regex == "a|b"
+    workers.shutdown()  # a stopped engine that tests drive step by step still builds requests
+    try:
+        assert compiler.compile(regex="c|d").regex == "c|d"
+    finally:
+        workers.shutdown()
+
+
 def test_requests_for_one_source_share_one_compile(tok):
     workers = CompileWorkers(2, timeout_s=30)
     compiles = []

@@ -64,31 +64,40 @@ class _WorkerProcess:
 
 
 class CompileWorkers:
+    """Threads and processes start with the first job; shutdown() ends them, and a job submitted
+    after it starts a fresh set (a stopped engine can still be driven step by step)."""
+
     def __init__(self, size: int, timeout_s: float):
         if size < 1 or not timeout_s > 0:
             raise ValueError(f"compile workers: size {size} must be >= 1 and the time limit {timeout_s} s > 0")
-        self.timeout_s = timeout_s
-        self._jobs: queue.Queue = queue.Queue()
-        self._threads = [threading.Thread(target=self._serve, name=f"vlserve-grammar-{i}", daemon=True)
-                         for i in range(size)]
-        for thread in self._threads:
-            thread.start()
+        self.size, self.timeout_s = size, timeout_s
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue | None = None  # the running set's queue; None: not running
 
     def submit(self, job: CompileJob) -> Future:
-        """A Future of (regex, ByteDFA); its exception is ConstraintError (the request's
-        fault, ConstraintTooLarge past the budget) or CompileWorkerError."""
+        """A Future of (regex, ByteDFA); its exception is ConstraintError (the request's fault,
+        ConstraintTooLarge past the budget) or CompileWorkerError."""
         future: Future = Future()
-        self._jobs.put((job, future))
+        with self._lock:
+            if self._jobs is None:
+                self._jobs = queue.Queue()
+                for i in range(self.size):
+                    threading.Thread(target=self._serve, args=(self._jobs,), name=f"vlserve-grammar-{i}",
+                                     daemon=True).start()
+            self._jobs.put((job, future))
         return future
 
     def shutdown(self) -> None:
-        for _ in self._threads:
-            self._jobs.put(None)
+        with self._lock:
+            if self._jobs is not None:
+                for _ in range(self.size):
+                    self._jobs.put(None)
+                self._jobs = None
 
-    def _serve(self) -> None:
+    def _serve(self, jobs: queue.Queue) -> None:
         worker = None  # started with the first job: an engine that never compiles starts no process
         try:
-            while (item := self._jobs.get()) is not None:
+            while (item := jobs.get()) is not None:
                 job, future = item
                 if not future.set_running_or_notify_cancel():
                     continue
