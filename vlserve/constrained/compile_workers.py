@@ -43,7 +43,11 @@ class _WorkerProcess:
     def __init__(self):
         self.process = subprocess.Popen([sys.executable, "-m", "vlserve.constrained.compile_worker"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        if self._wait(WORKER_START_TIMEOUT_S) != ("ready",):
+        try:
+            ready = self._wait(WORKER_START_TIMEOUT_S)
+        except Exception:  # it died at start (EOF) or wrote something else
+            ready = None
+        if ready != ("ready",):
             self.kill()
             raise CompileWorkerError("the grammar compile worker did not start")
 
@@ -126,6 +130,10 @@ class CompileWorkers:
             future.set_exception(ConstraintTooLarge(
                 f"{field_name(job.kind)} is too large or too open to compile: the compile ran out of memory",
                 "memory"))
+            return None
+        except Exception as e:  # a garbled reply: the waiters get an error, never a hang
+            worker.kill()
+            future.set_exception(CompileWorkerError(f"the grammar compile worker failed: {type(e).__name__}: {e}"))
             return None
         if reply is None:
             worker.kill()
