@@ -101,6 +101,16 @@ def test_requests_for_one_source_share_one_compile(tok):
         workers.shutdown()
 
 
+def test_the_cache_keeps_at_most_its_states_evicting_the_least_recently_used(tok):
+    compiler = ConstraintCompiler(tok, cache_states=30)
+    first = compiler.compile(regex="[a-z]{10}")  # 11 states
+    second = compiler.compile(regex="[0-9]{10}")
+    assert compiler.compile(regex="[a-z]{10}") is first  # used again: now the most recent
+    compiler.compile(regex="[xy]{10}")  # 33 states in all: the least recently used goes
+    assert compiler.compile(regex="[a-z]{10}") is first
+    assert compiler.compile(regex="[0-9]{10}") is not second
+
+
 def test_the_shipped_json_automata_are_current():
     assert DATA_FILE.exists(), "run `python -m vlserve.constrained.json_automata` to build it"
     for schema in PRECOMPILED_SCHEMAS:

@@ -119,7 +119,10 @@ CompileObserver = Callable[[float, str], None]  # (seconds, outcome: "ok", "inva
 
 class ConstraintCompiler:
     def __init__(self, tokenizer, cache_size: int = 256, budget: CompileBudget = CompileBudget(),
-                 workers: CompileWorkers | None = None, observe: CompileObserver | None = None):
+                 workers: CompileWorkers | None = None, observe: CompileObserver | None = None,
+                 cache_states: int = 200_000):
+        """cache_size: sources kept; cache_states: their DFA states kept in all (a state costs about
+        1 KB of table plus its edges), so many large constraints cannot fill the memory."""
         self._tokenizer = tokenizer
         self._vocab: TokenVocab | None = None
         self._vocab_lock = threading.Lock()
@@ -127,6 +130,7 @@ class ConstraintCompiler:
         self._pinned: dict[tuple[str, str], Future] = {}  # precompiled ones: never evicted
         self._cache_lock = threading.Lock()
         self._cache_size = cache_size
+        self._cache_states = cache_states
         self.budget = budget
         self._workers = workers
         self._observe = observe or (lambda seconds, outcome: None)
@@ -188,6 +192,19 @@ class ConstraintCompiler:
             return
         self._observe(time.monotonic() - started, "ok")
         future.set_result(compiled)
+        self._trim_cache()
+
+    def _trim_cache(self) -> None:
+        """Evicts the least recently used compiled constraints past cache_states states in all."""
+        with self._cache_lock:
+            sizes = {key: f.result().byte_dfa.num_states for key, f in self._cache.items()
+                     if f.done() and f.exception() is None}
+            total = sum(sizes.values())
+            for key in [k for k in self._cache if k in sizes]:  # oldest first
+                if total <= self._cache_states:
+                    break
+                total -= sizes[key]
+                del self._cache[key]
 
     def _fail(self, future: Future, started: float, error: BaseException) -> None:
         outcome = (error.reason if isinstance(error, ConstraintTooLarge)

@@ -44,10 +44,10 @@ class TokenColumns:
 
 
 def dense_table(dfa: ByteDFA) -> np.ndarray:
-    """Flat int64 [(n + 1) * 256]: entry s * 256 + b is the state after byte b in state s; n (the
+    """Flat int32 [(n + 1) * 256]: entry s * 256 + b is the state after byte b in state s; n (the
     row past the last state) is the dead sink, which every missing transition leads to."""
     n = dfa.num_states
-    table = np.full((n + 1, 256), n, dtype=np.int64)
+    table = np.full((n + 1, 256), n, dtype=np.int32)
     for state, edges in dfa.transitions.items():
         if edges:
             table[state, list(edges)] = list(edges.values())
