@@ -201,12 +201,12 @@ _COMPILERS: dict[int, object] = {}
 def bench_ours(hf, kind: str, spec, steps: int, rng, cached: bool = False):
     """The chosen path as the engine uses it: one ConstraintCompiler per tokenizer (its vocabulary
     tables are built once, outside the timing), per-state bool masks built on first visit."""
-    from vlserve.constrained import ConstraintCompiler
+    from vlserve.constrained import ConstraintCompiler, ConstraintState
 
     if id(hf) not in _COMPILERS:
         _COMPILERS.clear()
         _COMPILERS[id(hf)] = ConstraintCompiler(hf)
-        _COMPILERS[id(hf)]._token_vocab()
+        _COMPILERS[id(hf)].token_vocab()
     compiler = _COMPILERS[id(hf)]
     arg = {"regex": spec} if kind == "regex" else {"json_schema": spec}
     compiler._cache.clear()  # time a real compile, not a cache hit
@@ -214,7 +214,7 @@ def bench_ours(hf, kind: str, spec, steps: int, rng, cached: bool = False):
     row = torch.zeros(len(hf), dtype=torch.bool)
 
     def walk(seed_rng):
-        state = compiled.new_state()
+        state = ConstraintState(compiled)
 
         def fill():
             state.fill_allowed_mask(row)

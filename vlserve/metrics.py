@@ -64,9 +64,19 @@ class Metrics:
                          TOKEN_LATENCY_BUCKETS)
         self.itl = hist("vlserve_inter_token_latency_seconds", "Time between two output steps of a request",
                         TOKEN_LATENCY_BUCKETS)
+        self.grammar_compile_time = hist("vlserve_grammar_compile_seconds",
+                                         "Time to compile a regex or JSON schema, cache misses only (failures too)")
+        self.grammar_compile_failures = make(Counter, "vlserve_grammar_compile_failures",
+                                             "Regex / JSON schema compiles that failed, by reason (invalid, "
+                                             "states, timeout, memory, error)", ["reason"])
         self.request_prompt_tokens = hist("vlserve_request_prompt_tokens", "Prompt tokens per request", LENGTH_BUCKETS)
         self.request_generation_tokens = hist("vlserve_request_generation_tokens", "Generated tokens per request",
                                               LENGTH_BUCKETS)
+
+    def observe_grammar_compile(self, seconds: float, outcome: str) -> None:
+        self.grammar_compile_time.observe(seconds)
+        if outcome != "ok":
+            self.grammar_compile_failures.labels(reason=outcome).inc()
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every series (and their aliases)."""

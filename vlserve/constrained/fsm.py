@@ -10,7 +10,8 @@ outlines-core's Index drops transitions that leave an accepting state through a 
 sentinel, `(?:R)` + U+10FFFF, and no state before the sentinel is accepting. "R may end here" is
 "the sentinel can be read from here". States that lead only into the sentinel are dead and
 pruned, so real output never takes the sentinel's path (tokens that would are masked out).
-Both indexes are built from the same regex, so they share DFA state ids.
+Token masks are walked over this DFA (token_walk.py), so token and byte states are the same ids,
+renumbered 0..n-1 over the live states.
 
 A state is *singular* when it is not accepting (accepting means EOS is an alternative) and has
 exactly one outgoing byte. A chain of singular transitions is merged into one compressed edge:
@@ -47,6 +48,10 @@ class ByteDFA:
     transitions: dict[int, dict[int, int]]  # live states only: state → {byte: next state}
     accepting: frozenset[int]  # states where the regex may end (the sentinel is readable)
     forced: dict[int, bytes]  # compressed edges: state → forced byte string (non-empty only)
+
+    @property
+    def num_states(self) -> int:
+        return len(self.transitions)
 
     def step(self, state: int | None, data: bytes) -> int | None:
         """The state after reading `data`, or None if the DFA rejects it."""
@@ -109,11 +114,17 @@ def build_byte_dfa(regex: str) -> ByteDFA:
     live = _live_states(raw, accepting)
     if raw_dfa.initial not in live:
         raise ConstraintError(f"unsatisfiable regex {regex!r}: no string matches it")
+    # outlines-core's state ids are sparse (millions apart): live states are renumbered 0..n-1
+    number = {s: i for i, s in enumerate(sorted(live))}
     transitions = {
-        s: {b: nxt for b, nxt in edges.items() if nxt in live} for s, edges in raw.items() if s in live
+        number[s]: {b: number[nxt] for b, nxt in edges.items() if nxt in live}
+        for s, edges in raw.items() if s in live
     }
-    initial = raw_dfa.initial
-    accepting = frozenset(accepting)
+    return assemble_byte_dfa(number[raw_dfa.initial], transitions, frozenset(number[s] for s in accepting))
+
+
+def assemble_byte_dfa(initial: int, transitions: dict[int, dict[int, int]], accepting: frozenset[int]) -> ByteDFA:
+    """A ByteDFA over live states numbered 0..n-1, with its compressed edges."""
     return ByteDFA(initial, transitions, accepting, _compress(transitions, accepting))
 
 

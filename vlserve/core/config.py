@@ -87,6 +87,11 @@ class EngineArgs(CLIArgs):
                                           "waits a round where it cannot (0 = off)")
     max_wait_steps: int = _opt(512, "aging: a request waiting this many steps goes first")
     disable_jump_forward: bool = False
+    grammar_compile_timeout: float = _opt(10.0, "seconds a regex / JSON schema may take to compile (in a worker "
+                                                "process); past it the request gets a 400: too large or too open")
+    grammar_max_states: int = _opt(20_000, "automaton states a regex / JSON schema may compile to; past it the "
+                                          "request gets a 400: too large or too open")
+    grammar_compile_workers: int = _opt(2, "worker processes compiling regexes and JSON schemas")
     request_timeout: float | None = _opt(None, "seconds a request may wait and run; past it, it ends with an error "
                                                "(HTTP 504) and frees its KV (default: no limit)")
     num_threads: int | None = _opt(None, "torch CPU threads")
@@ -112,6 +117,9 @@ class EngineArgs(CLIArgs):
             raise ValueError(f"--max-total-tokens must be >= page size, got {self.max_total_tokens}")
         if not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
+        if not (self.grammar_compile_timeout > 0 and self.grammar_max_states >= 1 and self.grammar_compile_workers >= 1):
+            raise ValueError("--grammar-compile-timeout must be > 0, --grammar-max-states and "
+                             "--grammar-compile-workers >= 1")
 
     def model_names(self) -> list[str]:
         if self.served_model_name:

@@ -3,6 +3,7 @@
 Threads (docs/ARCHITECTURE.md, "Threads"): the scheduling loop (engine/loop.py) runs on one
 background thread and touches nothing else. Media decoding, resizing, hashing and tokenization
 (engine/request_builder.py) run on the caller's thread (sync API) or a worker pool (async API);
+regexes and JSON schemas compile on worker processes (constrained/compile_workers.py);
 responses are assembled on the caller's side, so the loop never waits on uploads or streaming.
 """
 
@@ -15,7 +16,7 @@ from typing import AsyncIterator
 
 import torch
 
-from vlserve.constrained import ConstraintCompiler
+from vlserve.constrained import CompileBudget, CompileWorkers, ConstraintCompiler
 from vlserve.core.config import EngineArgs, MemoryConfig, SchedulerConfig, pick
 from vlserve.core.errors import EngineBusy
 from vlserve.core.request import Req, StepOutput
@@ -104,7 +105,7 @@ class Engine:
                         allowed_media_domains=tuple(h.strip() for h in (args.allowed_media_domains or "").split(",")
                                                     if h.strip())),
             args.video_frames or DEFAULT_NUM_FRAMES, self.context_len, self.memory.allocator.capacity,
-            ConstraintCompiler(self.tokenizer), ProcessedImageCache(), self.context_note)
+            self._constraint_compiler(args), ProcessedImageCache(), self.context_note)
         self.media_pool = ThreadPoolExecutor(max_workers=media_workers(threads), thread_name_prefix="vlserve-media")
         self.draining = False  # set by drain(): no new request is accepted
         self.stats_log = StatsLog(self.metrics, self.pool_state,
@@ -114,6 +115,16 @@ class Engine:
             self.tp_group.watch(self._tensor_parallel_failed)
         # The loop's start is this thread's last job: it hands the thread over once _build returns.
         self.loop.start()
+
+    def _constraint_compiler(self, args: EngineArgs) -> ConstraintCompiler:
+        """Regexes and JSON schemas compile on worker processes, within the budget; the tokenizer's
+        tables are built now, beside the start-up, so the first constrained request does not wait."""
+        self.grammar_workers = CompileWorkers(args.grammar_compile_workers, args.grammar_compile_timeout)
+        compiler = ConstraintCompiler(self.tokenizer, budget=CompileBudget(args.grammar_max_states,
+                                                                           args.grammar_compile_timeout),
+                                      workers=self.grammar_workers, observe=self.metrics.observe_grammar_compile)
+        threading.Thread(target=compiler.token_vocab, name="vlserve-grammar-vocab", daemon=True).start()
+        return compiler
 
     def _make_memory(self, device: str) -> KVMemory:
         cfg, text = self.loaded.config, self.loaded.config.text
@@ -161,11 +172,12 @@ class Engine:
         """One request, or a batch when prompt / input_ids is a list of them. Blocks until done."""
         batch = _is_batch(prompt, input_ids)
         n = len(prompt if prompt is not None else input_ids) if batch else 1
-        reqs = [self.make_request(
+        pending = [self.builder.build_pending(
             prompt=_pick(prompt, i, batch), input_ids=_pick(input_ids, i, batch),
             image_data=_pick(image_data, i, batch), video_data=_pick(video_data, i, batch),
             sampling_params=_pick(sampling_params, i, isinstance(sampling_params, list)),
             return_logprob=return_logprob, logprob_start_len=logprob_start_len, **kwargs) for i in range(n)]
+        reqs = [p.wait() for p in pending]  # a batch's constraints compile side by side
         assemblers = [self._assembler(req) for req in reqs]
         done = [threading.Event() for _ in reqs]
         outputs: list[list[StepOutput]] = [[] for _ in reqs]
@@ -181,7 +193,8 @@ class Engine:
         """One request. stream=False → the final dict; stream=True → an async iterator of chunks.
         If the caller stops iterating (client gone), the request is aborted."""
         loop = asyncio.get_running_loop()
-        req = await loop.run_in_executor(self.media_pool, lambda: self.make_request(**kwargs))
+        pending = await loop.run_in_executor(self.media_pool, lambda: self.builder.build_pending(**kwargs))
+        req = await pending.ready()  # a regex / schema compiling elsewhere: no media thread waits on it
         assembler, chunks = self._assembler(req), asyncio.Queue()
         req.sink = lambda out: loop.call_soon_threadsafe(chunks.put_nowait, out)
         self.submit([req])
@@ -260,6 +273,7 @@ class Engine:
             self.tp_group.broken = self.fatal_error is not None
             self.tp_group.stop(tell_workers=not self.loop.running)
         self.media_pool.shutdown(wait=False, cancel_futures=True)
+        self.grammar_workers.shutdown()
 
     def _tensor_parallel_failed(self, why: str) -> None:
         """A rank died or the group broke (watchdog or loop thread): fail everything queued, refuse new

@@ -2,9 +2,14 @@
 
 Runs on the caller's thread (sync API) or the engine's media pool (async API), never on the
 scheduling loop. Raises InvalidRequest / MediaError / ConstraintError naming the problem.
+A regex / JSON schema is only handed to the compiler here (build_pending): the compile runs on the
+compiler's worker processes and the caller waits for it (PendingReq), so a slow compile holds no
+media-pool thread and no other request's preprocessing.
 """
 
+import asyncio
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +27,26 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
 
 
 @dataclass
+class PendingReq:
+    """A built request whose constraint may still be compiling."""
+
+    req: Req
+    constraint: Future | None = None  # of the CompiledConstraint; None: no constraint
+
+    def wait(self) -> Req:
+        """The request with its constraint state (blocks while it compiles; raises ConstraintError)."""
+        if self.constraint is not None:
+            self.req.constraint = ConstraintState(self.constraint.result())
+        return self.req
+
+    async def ready(self) -> Req:
+        """wait() for an asyncio caller: the event loop runs on meanwhile."""
+        if self.constraint is not None:
+            self.req.constraint = ConstraintState(await asyncio.wrap_future(self.constraint))
+        return self.req
+
+
+@dataclass
 class RequestBuilder:
     tokenizer: object
     config: ModelConfig
@@ -34,11 +59,16 @@ class RequestBuilder:
     image_cache: ProcessedImageCache  # the same upload (image or video) again skips decode, resize and hashing
     context_note: str = ""  # why context_len is below the model's positions (a sliding window), for 400s
 
-    def build(self, prompt: str | None = None, input_ids: list[int] | None = None,
-              image_data: list | None = None, video_data: list | None = None,
-              sampling_params: dict | SamplingParams | None = None, return_logprob: bool = False,
-              logprob_start_len: int = -1, rid: str | None = None, video_num_frames: int | None = None,
-              video_fps: float | None = None, fit_max_new_tokens: bool = False, top_logprobs_num: int = 0) -> Req:
+    def build(self, *args, **kwargs) -> Req:
+        """build_pending, then wait for the constraint's compile."""
+        return self.build_pending(*args, **kwargs).wait()
+
+    def build_pending(self, prompt: str | None = None, input_ids: list[int] | None = None,
+                      image_data: list | None = None, video_data: list | None = None,
+                      sampling_params: dict | SamplingParams | None = None, return_logprob: bool = False,
+                      logprob_start_len: int = -1, rid: str | None = None, video_num_frames: int | None = None,
+                      video_fps: float | None = None, fit_max_new_tokens: bool = False,
+                      top_logprobs_num: int = 0) -> PendingReq:
         """fit_max_new_tokens: lower max_new_tokens to what fits the context and the KV pool (a
         default the client did not ask for) instead of refusing the request."""
         params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams.from_dict(sampling_params)
@@ -51,9 +81,9 @@ class RequestBuilder:
         req = Req(rid or uuid.uuid4().hex, ids, params, spans, return_logprob, logprob_start_len, top_logprobs_num)
         if params.seed is not None:
             req.generator = torch.Generator().manual_seed(params.seed)
-        if params.regex is not None or params.json_schema is not None:
-            req.constraint = ConstraintState(self.compiler.compile(params.regex, params.json_schema))
-        return req
+        if params.regex is None and params.json_schema is None:
+            return PendingReq(req)
+        return PendingReq(req, self.compiler.compile_async(params.regex, params.json_schema))
 
     def token_ids(self, prompt: str | None = None, input_ids: list[int] | None = None, image_data: list | None = None,
                   video_data: list | None = None, video_num_frames: int | None = None,
