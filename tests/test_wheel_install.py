@@ -134,7 +134,11 @@ def test_installed_vlserve_comes_from_the_wheel(venv, tmp_path):
     assert not [p for p in found["path"] if p and Path(p).resolve() == ROOT], found["path"]
     check = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "check"],
                            capture_output=True, text=True, timeout=300)
-    assert check.returncode == 0, "the wheel's requirements are not met: " + check.stdout + check.stderr
+    # only vlserve's own requirements: the borrowed test packages (SGLang's client, installed without its
+    # dependency list) are not the wheel's to satisfy
+    unmet = [line for line in check.stdout.splitlines() if line.lower().startswith("vlserve ")]
+    assert not unmet and "vlserve" not in check.stderr, \
+        "the wheel's requirements are not met: " + check.stdout + check.stderr
 
 
 def red_circle() -> bytes:
