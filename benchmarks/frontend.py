@@ -47,7 +47,12 @@ def start_server(**overrides):
 def counters(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics", timeout=10).text
     wanted = ("vlserve_prompt_tokens_total", "vlserve_cached_prompt_tokens_total", "vlserve_vision_encoder_images_total")
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.split(" ")[0] in wanted}
+    found = {}
+    for line in text.splitlines():
+        name = line.split(" ")[0].split("{")[0]  # every series carries a model_name label
+        if name in wanted:
+            found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
 
 
 def tot_batch(n: int) -> list[dict]:
