@@ -60,11 +60,17 @@ def tot_batch(n: int) -> list[dict]:
 
 
 def essay_batch(n: int) -> list[dict]:
-    out = []
-    for seed in range(60, 60 + n):
+    out, seed = [], 59
+    while len(out) < n:  # scenes whose questions cover every dimension (not every scene asks them all)
+        seed += 1
         picture, qas = scene(seed)
-        caption = next(qa.answer for qa in qas if qa.qtype == "caption")
-        questions = [next(qa.question for qa in qas if qa.qtype == d) for d in essay_judge.DIMENSIONS]
+        by_type = {}
+        for qa in qas:
+            by_type.setdefault(qa.qtype, qa)  # the first question of each type
+        if not all(d in by_type for d in ("caption", *essay_judge.DIMENSIONS)):
+            continue
+        caption = by_type["caption"].answer
+        questions = [by_type[d].question for d in essay_judge.DIMENSIONS]
         out.append({"picture": picture, "essay": caption if seed % 2 == 0 else "A blue square on a white background.",
                     "questions": questions})
     return out
