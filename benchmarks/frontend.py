@@ -162,7 +162,7 @@ def speculation() -> dict:
                                  api_key="unused", chat_template=sgl.get_chat_template("vicuna_v1.1"))
             state = sgl.function(num_api_spec_tokens=spec)(caption_fields).run(temperature=0, backend=backend)
             out[label] = {"calls": backend.token_usage.calls, "prompt_tokens": backend.token_usage.prompt_tokens,
-                          "variables": {k: state[k] for k in ("first", "second", "background")}}
+                          "variables": {k: state[k] for k in ("first", "second")}}
         out["billed_prompt_ratio"] = round(out["without"]["prompt_tokens"] / out["with"]["prompt_tokens"], 2)
         return out
     finally:
