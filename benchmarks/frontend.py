@@ -109,10 +109,11 @@ def run_openai(function, batch):
     import openai
 
     client = openai.OpenAI(base_url=url_of_run + "/v1", api_key="unused")
+    model = client.models.list().data[0].id  # the served name: vlserve-builtin, or the benchmark model's
 
     def run():
         with ThreadPoolExecutor(64) as pool:
-            list(pool.map(lambda kw: function(client, "vlserve-builtin", **kw), batch))
+            list(pool.map(lambda kw: function(client, model, **kw), batch))
         return len(batch)
     return run
 
