@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # Kernel correctness + speed on a CUDA machine, in one go (< 5 min):
 #   bash benchmarks/gpu_kernels.sh            -> $OUT/kernels_gpu.md (or benchmarks/results/kernels_gpu.md)
-# Installs nothing but this tree (pip install -e . --no-deps, only if vlserve.kernels does not import);
-# if that fails too, benchmarks/kernels.py loads kernels/ straight from the tree.
+# Installs nothing but this tree (pip install -e . --no-deps, only if vlserve.kernels does not import).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$(command -v python3 || command -v python)}"
 
 if ! "$PYTHON" -c "import vlserve.kernels" >/dev/null 2>&1; then
-    "$PYTHON" -m pip install --no-deps --no-build-isolation -q -e . \
-        || echo "pip install -e . failed; using kernels/ from the tree" >&2
+    "$PYTHON" -m pip install --no-deps --no-build-isolation -q -e .
 fi
 "$PYTHON" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'triton', triton.__version__)"
 

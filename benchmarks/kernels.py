@@ -15,6 +15,7 @@ import argparse
 import os
 import platform
 import statistics
+import importlib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,8 +27,11 @@ ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels_import import ROOT, kernel_module, load_kernels  # noqa: E402
+import vlserve.kernels as K  # noqa: E402
+decode_mod = importlib.import_module("vlserve.kernels.decode_attention")  # the module; K.decode_attention is the op
+from vlserve.kernels.paged_batch import random_paged_batch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # A CPU run (interpreter, correctness only) never overwrites the GPU report by default.
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / ("kernels_gpu.md" if ON_GPU else "kernels_cpu.md")
@@ -44,11 +48,6 @@ DECODE_LAYOUTS = ((32, 8, 16), (32, 8, 1), (32, 32, 16))  # (Hq, Hkv, page_size)
 EXTEND_HEADS = (32, 8)
 EXTEND_SHAPES = ((4, 4096, 1024), (4, 2048, 2048), (16, 1024, 128))  # (batch, seq_len, new tokens)
 SWEEP = dict(block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3))
-
-
-K = load_kernels()
-decode_mod = kernel_module(K, "decode_attention")
-random_paged_batch = kernel_module(K, "paged_batch").random_paged_batch
 
 
 @dataclass

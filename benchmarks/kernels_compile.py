@@ -12,6 +12,7 @@ Exits 1 if any kernel fails to compile or needs more shared memory than an SM ha
 """
 
 import argparse
+import importlib
 import os
 import re
 import subprocess
@@ -28,13 +29,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels_import import kernel_module, load_kernels  # noqa: E402
-
-K = load_kernels()
-decode_mod = kernel_module(K, "decode_attention")
-extend_mod = kernel_module(K, "extend_attention")
-launch_mod = kernel_module(K, "launch")
+decode_mod = importlib.import_module("vlserve.kernels.decode_attention")  # modules: the package's
+extend_mod = importlib.import_module("vlserve.kernels.extend_attention")  # attributes of these names are the ops
+launch_mod = importlib.import_module("vlserve.kernels.launch")
 
 MAX_SHARED_BYTES = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 UNIT_STRIDES = {"stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_rp"}

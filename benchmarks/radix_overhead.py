@@ -2,8 +2,8 @@
 
     python benchmarks/radix_overhead.py [--spec bench] [--policy lpm] [--repeats 1] [--out benchmarks/results/radix_overhead.md]
 
-Every method of RadixCache and CacheManager, and SchedulePolicy.order / defer_shared_prefix, is
-wrapped with a timer here (in this script only). Only the outermost wrapped call on a thread is
+Every method of RadixCache, CacheManager and RoundSharing (in-batch prefix sharing), and
+SchedulePolicy.order, is wrapped with a timer here (in this script only). Only the outermost wrapped call on a thread is
 timed, so time is never counted twice (CacheManager.admit calls RadixCache.match_prefix; the
 policy's key trie is a RadixCache too); each call's time goes to the group of the outermost method.
 The share is that time over the wall time of the batch (zero_reuse: ShareGPT-like unrelated prompts,
@@ -92,6 +92,7 @@ def run_once(model: str, policy: str, threads: int, timed: bool, disable_radix_c
     from vlserve.memory.req_to_token import ReqToTokenPool
     from vlserve.scheduler.cache_manager import CacheManager
     from vlserve.scheduler.policy import SchedulePolicy
+    from vlserve.scheduler.round_sharing import RoundSharing
 
     reqs = W.zero_reuse()
     prompts = [r.prompt for r in reqs]
@@ -103,7 +104,8 @@ def run_once(model: str, policy: str, threads: int, timed: bool, disable_radix_c
         if timed:
             timer.wrap(RadixCache)
             timer.wrap(CacheManager)
-            timer.wrap(SchedulePolicy, ["order", "defer_shared_prefix"])
+            timer.wrap(RoundSharing)
+            timer.wrap(SchedulePolicy, ["order"])
             timer.wrap_inner(SlotAllocator, ["alloc_extend", "free"])
             timer.wrap_inner(ReqToTokenPool, ["alloc", "free", "write", "read"])
         try:

@@ -1,6 +1,6 @@
 """The small-row GEMM on the CPU: y = x · wᵀ (+ bias) for the 1–31 rows that decode batches and short
 follow-up prompts run, where MKL and oneDNN reach a third of the core's rate (csrc/small_gemm_cpu.cpp;
-measured in benchmarks/gemm_paths.py). Weights fp32 or bf16 (widened on load), x and y fp32.
+benchmarks/gemm_paths.py at ba1d303). Weights fp32 or bf16 (widened on load), x and y fp32.
 
 Built with the CPU attention kernel (cpu_attention.py): where that extension cannot be built, this
 is unavailable too and callers keep their BLAS path.

@@ -1,6 +1,6 @@
 """The built-in model answers freshly generated questions about real pixels, through vlserve's engine.
 
-Floors are set from the measured held-out accuracy (README, "The built-in model") with room for a
+Floors are set from the measured held-out accuracy (docs/builtin-model.md) with room for a
 small sample. Controls: blank images show that a pipeline dropping the image would fail; mirrored
 images (left/right swapped, references kept) that one flipping it would fail the position and
 direction floors on the questions whose answer names a side. A second test set, drawn and phrased by
@@ -21,8 +21,8 @@ assert (BUILTIN_MODEL_DIR / "config.json").exists(), "the built-in checkpoint is
 
 # Set a little under what the committed checkpoint (run 7) measured on these samples (20 per type:
 # image 96.7%, colour, shape, position and yes/no 100%, count 85%, captions 95%; video and "cannot
-# tell" 100%; blank images 0%). Twenty questions is a small sample (README's held-out set, 500
-# questions per type: count 90.8%, captions 92.4%, images 95.9%), so the count and caption floors
+# tell" 100%; blank images 0%). Twenty questions is a small sample (docs/builtin-model.md's held-out
+# set, 500 questions per type: count 90.8%, captions 92.4%, images 95.9%), so the count and caption floors
 # leave room for a few answers that move with the CPU's rounding (an AVX2 machine takes other GEMM
 # paths).
 OVERALL_FLOOR = {"image": 0.90, "video": 0.95, "outside": 0.95}
@@ -33,10 +33,10 @@ QTYPES = {"image": scenes.IMAGE_QTYPES, "video": scenes.VIDEO_QTYPES, "outside":
 MIRROR_SENSITIVE = {"image": "position", "video": "direction"}
 BLANK_MARGIN = 0.50
 # A question behind two worked examples about other pictures (examples/few_shot_qa.py's prompt):
-# run 7 answers 83% of these 60 (88.0% of README's 600); run 6, never shown two pictures in one
-# prompt, answered 42.5% of README's, mostly about the first shot's picture.
+# run 7 answers 83% of these 60 (88.0% of docs/builtin-model.md's 600); run 6, never shown two
+# pictures in one prompt, answered 42.5% of the 600, mostly about the first shot's picture.
 FEW_SHOT_FLOOR = 0.65
-INDEPENDENT_FLOOR = 0.90  # issue 21's bar; measured 98.1%: 100% on the drawn pictures, 6/8 on the photograph (README)
+INDEPENDENT_FLOOR = 0.90  # issue 21's bar; measured 97.1%: 94/95 drawn pictures, 6/8 photograph (docs/builtin-model.md)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ Bug caught: a changed default (e.g. 128 -> 16 in SamplingParams, or a fixed cap 
 routes). An upper bound (`<= 128`) passes for 16; these tests pin the number.
 """
 
-DEFAULT = 128  # README: max_new_tokens / max_tokens default
+DEFAULT = 128  # docs/server.md: max_new_tokens / max_tokens default
 NO_EOS = {"ignore_eos": True}
 
 

@@ -1,4 +1,4 @@
-"""The hit-rate figure README and benchmarks/RESULTS.md report (≥ 99% of the optimum), as a test:
+"""The hit-rate figure the README and benchmarks/RESULTS.md report (≥ 99% of the optimum), as a test:
 the paper's workloads, smaller, each submitted as one batch to an lpm engine; Σ cached_tokens / Σ prompt
 tokens against the optimum (the union trie of the prompts' token ids, pseudo tokens for images).
 

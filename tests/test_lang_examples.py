@@ -28,8 +28,8 @@ def url():
 
 
 def _mostly_right(results) -> bool:
-    """The examples answer right at least half the time (README: 93% on single images, 100% on
-    video); a lost image answers nothing right ("I can only see…")."""
+    """The examples answer right at least half the time (docs/builtin-model.md: 93% on single images,
+    100% on video); a lost image answers nothing right ("I can only see…")."""
     return sum(answer == truth for _, answer, truth in results) >= 0.5 * len(results)
 
 

@@ -60,7 +60,7 @@ def test_chat_model_with_an_image_answers_and_counts_usage(url):
     states = chat_about.run_batch([{"picture": picture, "question": qa.question} for qa in qas[:3]],
                                   temperature=0, backend=backend)
     right = sum(s["answer"].strip() == qa.answer for s, qa in zip(states, qas[:3]))
-    assert right >= 2, [s["answer"] for s in states]  # the model is not always right (README); blind it would be
+    assert right >= 2, [s["answer"] for s in states]  # not always right (docs/builtin-model.md); blind it would be
     assert states[0].messages()[0]["content"][0]["type"] == "image_url"
     assert backend.token_usage.calls == 3 and backend.token_usage.prompt_tokens > 3 * 36  # 36 image tokens each
 

@@ -127,7 +127,7 @@ def test_select_picks_the_right_colour(served):
         s += sgl.user(sgl.image(picture) + question)
         s += sgl.assistant(sgl.select("colour", choices=[" Red", " Green", " Blue", " Yellow", " Purple", " Orange"]))
 
-    # About 25 questions, so the 90% floor leaves the model (99% on colours, README) a miss or two; a
+    # About 25 questions, so the 90% floor leaves the model (99% on colours, docs/builtin-model.md) a miss or two; a
     # select that scored the choices wrong would pick right about one time in six.
     cases = [(p, qa) for p, qas in map(scene_png, range(1, 25)) for qa in qas if qa.qtype == "colour"]
     states = pick.run_batch([{"picture": p, "question": qa.question} for p, qa in cases],
@@ -217,7 +217,7 @@ def test_run_batch_precaches_prefix_and_keeps_order_and_errors(served):
     assert first == {"text": "A picture, a question, an answer.\n", "sampling_params": {"max_new_tokens": 0}}
     good = [states[0], states[2], states[3]]
     right = sum(s["answer"].strip() == qas[0].answer for s, (_, qas) in zip(good, items))
-    assert right >= 2, [s["answer"] for s in good]  # the model is right on most (README), blind on none
+    assert right >= 2, [s["answer"] for s in good]  # the model is right on most (docs/builtin-model.md), blind on none
     with pytest.raises(TypeError):
         states[1]["answer"]
     with pytest.raises(TypeError):

@@ -112,7 +112,7 @@ at::Tensor pack_weight(const at::Tensor& w_in) {
 constexpr int kColBlocks = 4;
 // 1024 steps x 4 blocks x 64 bytes = 256 KB of weights, held in L2 while the row passes go over
 // them (a whole K of up to 1024 steps). On a Zen 4 EPYC (two threads, the model's weights
-// streamed, `benchmarks/decode_gemm_constants.py`) this was 1.05-1.14x chunks of 128 steps (32 KB,
+// streamed; benchmarks/decode_gemm_constants.py at ba1d303) this was 1.05-1.14x chunks of 128 steps (32 KB,
 // in L1) from 16 to 64 rows in bf16 and fp32, level at 8-12: fewer chunks, fewer trips of the
 // accumulators through memory, and the next chunk fetched over a longer stretch. The 128-step
 // chunks had measured best of 64 / 128 / 256 on a Zen 5 core, whose L1 is 48 KB.

@@ -112,8 +112,8 @@ void run(const float* x, const W* w, const float* bias, float* y, int64_t M, int
   }
 }
 
-// prefetch=false leaves the weight stream to the hardware prefetcher alone (benchmarks/gemm_paths.py
-// measures both).
+// prefetch=false leaves the weight stream to the hardware prefetcher alone (both were measured by
+// benchmarks/gemm_paths.py, retired at ba1d303; prefetch on is the default).
 at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight_in, const c10::optional<at::Tensor>& bias_in,
                         bool prefetch) {
   TORCH_CHECK(x_in.device().is_cpu() && weight_in.device().is_cpu(), "small_linear runs on CPU tensors");

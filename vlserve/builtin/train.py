@@ -79,7 +79,7 @@ IMAGE_SIZE = 96  # the shipped checkpoint's input (run 6); 64 px (16 tokens) los
 
 # Left/right (position, direction) is what lags in every run from scratch: with position 2 and
 # direction 3 (and turn priorities 1.5 and 3), a 3,900-step run ended at position 48%, direction 50%;
-# with these, the same run (seed, steps) ended at 92% and 100% (README, "How it was trained").
+# with these, the same run (seed, steps) ended at 92% and 100% (run 3's eval logs, recorded in README.md at ba1d303).
 QTYPE_WEIGHT = {
     "colour": 1.0, "shape": 1.0, "count": 3.0, "position": 3.5, "exists": 2.0, "caption": 3.0,
     "direction": 4.5, "first_colour": 2.0, "last_colour": 2.0, "appears": 1.0, "event": 2.0,

@@ -38,7 +38,7 @@ class KVPool:
             k, v = k.to(k_buf.dtype), v.to(v_buf.dtype)
         op = fused_op(k_buf)
         if op is not None and k.stride(-1) == 1 and v.stride(-1) == 1:
-            op.store_kv(k_buf, v_buf, slots, k, v)  # row copies (kernels/csrc/fused_cpu.cpp; benchmarks/kv_store.py)
+            op.store_kv(k_buf, v_buf, slots, k, v)  # row copies: 2-5x index_copy_ (benchmarks/kv_store.py at ba1d303)
             return
         # index_copy_, not buffer[slots] = k: on the CPU the indexed assignment (index_put_) took
         # 60 us for a 14-token extend against 10 us here, twice a layer on every step

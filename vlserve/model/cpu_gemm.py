@@ -1,46 +1,19 @@
-"""The GEMM path every linear layer takes on the CPU, chosen by measurement (benchmarks/gemm_paths.py).
+"""The GEMM path every linear layer takes on the CPU (CpuLinear.path), by row count, dtype and CPU.
 
-torch's CPU build ships two GEMM libraries: MKL (what F.linear calls for fp32) and oneDNN. On the
-AVX2 AMD EPYC measured here, MKL's sgemm is slowest exactly where serving runs, at a few to a few
-dozen rows (decode batches): oneDNN's inner product on the same plain weight was 1.1–4x faster from
-4 rows up, and about level at thousands of rows; at one row MKL's gemv was fastest. oneDNN takes the
-weight as it is (no packed copy, no extra memory): packing it for one batch size measured no faster,
-and the batch size changes every step anyway.
+In order: decode batches (DECODE_GEMM_ROWS) go to our decode-rows kernel on a packed copy of the
+weight (vlserve.kernels.decode_gemm; bf16 on AMX tiles where the CPU has AMX); on AVX-512, oneDNN on a
+weight packed once at load (fp32 from PACKED_MIN_ROWS rows, bf16 at every size); below SMALL_ROWS our
+small-row kernel (vlserve.kernels.small_gemm, fp32, and bf16 without native bf16 kernels); oneDNN's
+inner product on the plain weight for fp32 from ONEDNN_MIN_ROWS; bf16 widened to fp32 from
+UPCAST_MIN_ROWS where the CPU lacks native bf16 (AVX2); else F.linear (MKL's gemv at 1-3 rows).
 
-Below SMALL_ROWS (1–31 rows: decode batches, a follow-up question's few tokens) both libraries fall
-to a third of the core's rate, so those rows go to our own register-blocked kernel
-(vlserve.kernels.small_gemm), which reads the weight once and reuses it from L1 for every row:
-on this AVX2 CPU 1.0–1.7x oneDNN on one thread and 1.1–2x on two up to 24 rows, about level at 31
-(benchmarks/RESULTS.md, "Third pass"). Where the kernel cannot be built, the BLAS paths
-below serve every size.
-
-On AVX-512 CPUs the balance moves (an AMD EPYC with AVX512_BF16; `benchmarks/gemm_paths.py`,
-"Seventh pass" in RESULTS.md): oneDNN on a weight reordered once into its blocked layout (`packed`)
-beats both our kernel and oneDNN on the plain weight from 4 rows up in fp32 (1.2-1.6x at 4-31 rows)
-and at every row count in bf16 (1.4-1.7x F.linear at 8-64 rows). There each layer packs its weight
-on first use and keeps the packed copy beside the plain one (the plain weight stays the parameter:
-state dicts, tied embeddings and the small-row kernel read it); the copy is rebuilt if the weight
-is replaced or changed in place.
-Decode rows there (8-64) go to our own kernel instead (kernels/decode_gemm.py: FMA for fp32,
-vdpbf16ps for bf16, on a second packed copy of the weight): oneDNN's inner product ran those rows at
-60-70% of its prefill rate, ours at 80-90% (1.1-1.4x; "Tenth pass" in RESULTS.md). Where the CPU has
-AMX (Intel Xeons from Sapphire Rapids), oneDNN's bf16 GEMM runs on the tile unit at several times
-vdpbf16ps's rate, so bf16 decode rows go to our kernel only on AMX tiles of its own (B tiles read
-straight from its packed weight, the weights streamed once; amx_bf16_decode_rows; "Thirteenth pass").
-On AVX2 the same kernel, in 8-float vectors (bf16 widened in registers), takes fp32 rows 8-128 and
-bf16 rows 1-128 from the small-row kernel and oneDNN: on a Zen 3 EPYC, two threads, the decode
-step's weights streamed, fp32 1.3-1.5x the better of the two from 16 to 128 rows and bf16 1.3-2.2x
-(bf16 has no native GEMM there: the small-row kernel widens per use, oneDNN a whole copy per call);
-from 256 rows oneDNN is level or ahead ("Eleventh pass" in RESULTS.md). DECODE_GEMM_ROWS holds both.
-use_cpu_gemm packs every layer at load, so no request pays for it, unless the copies would take more
-than PACK_MEMORY_SHARE of the memory left: then nothing is packed, and a warning says so.
-
-bf16: where oneDNN has native bf16 kernels (AVX512_BF16 / AMX), F.linear in bf16 already runs
-through them (on AVX-512, through the packed weight). Without them (AVX2), torch's bf16 GEMM
-fallback is 3–6x slower than fp32 at prefill sizes, so bf16 weights are widened to fp32 for that
-call from UPCAST_MIN_ROWS rows up (the widening reads the weight once; the GEMM then reads it once
-per row block) and kept as they are below, where the GEMM is memory-bound and bf16's halved weight
-traffic wins.
+Why: at the few to few dozen rows serving runs, MKL and oneDNN reach a fraction of the core's rate
+while the step is bound by streaming the weights, which our kernels read once per step; oneDNN wins
+at prefill sizes, fastest on its own blocked layout. Half-precision oneDNN calls are padded to a few
+row counts (onednn_rows) so oneDNN builds each primitive once. The plain weight stays the parameter
+(state dicts, tied embeddings and the small-row kernel read it); packed copies are rebuilt if it
+changes, and skipped, with a warning, past PACK_MEMORY_SHARE of the memory left. The measurements
+behind each threshold: benchmarks/RESULTS.md, "CPU kernels".
 """
 
 import functools
@@ -138,7 +111,7 @@ def onednn_rows(rows: int, coarse: bool | None = None) -> int:
     1,024, ...): eight counts per doubling, each built once, for at most 1/8 more rows of arithmetic
     (the padding rows are zeros, their outputs dropped). Without AMX (AVX512_BF16) a new count's
     build is ~1 ms a layer shape and oneDNN's rate is level at any count (a Zen 4 EPYC, two threads,
-    400-420 GFLOP/s from 520 to 1,152 rows: `benchmarks/onednn_shapes.py`), while the coarse
+    400-420 GFLOP/s from 520 to 1,152 rows: benchmarks/onednn_shapes.py at ba1d303), while the coarse
     counts' padding cost 5-12% of a prefill's arithmetic (few_shot's 520 and 784 rows ran as 576 and
     832): there calls go up to a multiple of 16 only, at most 15 zero rows."""
     if coarse is None:
@@ -149,7 +122,7 @@ def onednn_rows(rows: int, coarse: bool | None = None) -> int:
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """oneDNN's linear; half-precision calls padded to onednn_rows (fp32's primitives build in ~1 ms,
-    about what the padding's copy and extra rows cost: `benchmarks/onednn_shapes.py`)."""
+    about what the padding's copy and extra rows cost: benchmarks/onednn_shapes.py at ba1d303)."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     padded = rows if x.dtype == torch.float32 else onednn_rows(rows)

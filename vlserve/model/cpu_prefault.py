@@ -1,8 +1,8 @@
 """At start, touch the memory the first big forwards will write, so that they do not fault it in.
 
 The first write to a fresh page of anonymous memory faults, and the kernel zeroes the page. On the
-VMs measured here (kernel 6.18.44-fc guests) a first touch cost ~0.85 s per GB, 16x a second write
-over the same pages (ad hoc, 2026-12-03; see "Nineteenth pass" in benchmarks/RESULTS.md). A fresh engine's first large batch paid that in its serving path: few_shot's
+VMs measured here (kernel 6.18.44-fc guests) a first touch costs ~0.85 s per GB, 16x a second write
+over the same pages. Unprefaulted, a fresh engine's first large batch pays that in its serving path: few_shot's
 timed batch (bf16, after a two-token warm-up) took 10.9 K minor faults, 7.4 K of them the heap
 growing to hold a 1,334-row prefill's activations and 3.5 K its KV slots' pages; video_qa 25-31 K.
 

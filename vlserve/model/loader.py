@@ -156,7 +156,7 @@ def resolve_dtype(requested: str | torch.dtype | None, checkpoint: torch.dtype,
     None: the checkpoint's. An explicit dtype: that one. "auto": the checkpoint's on a GPU; on the
     CPU, fp32 stays fp32, and a half-precision checkpoint keeps its dtype only where oneDNN has
     native kernels for it (AVX512_BF16 / AMX, AVX512_FP16) — elsewhere torch's half-precision GEMMs
-    measured 3-6x slower than fp32 at prefill sizes (benchmarks/gemm_paths.py), so it runs in fp32.
+    measured 3-6x slower than fp32 at prefill sizes (benchmarks/gemm_paths.py at ba1d303), so it runs in fp32.
     An fp16 checkpoint runs in bf16 wherever the CPU has native bf16 kernels: on a Xeon with AMX,
     fp16 GEMMs (AVX512_FP16) ran at fp32's rate (333 GFLOP/s, two threads) and bf16 ones at 8x that,
     and the CPU kernels' fast paths (attention blocks, decode rows) are bf16's; where there are no

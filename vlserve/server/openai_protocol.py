@@ -2,7 +2,7 @@
 
 Every field OpenAI documents for these routes is either honoured or refused with a 400 naming it
 (UNSUPPORTED, checked in server/sampling.py); a field nobody documents is refused too (extra="forbid"),
-so a client never believes an option took effect when it did not. README lists each field.
+so a client never believes an option took effect when it did not. docs/server.md lists each field.
 """
 
 import time
