@@ -19,17 +19,17 @@ import asyncio
 import json
 import os
 import platform
+import site
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from vlserve import Engine  # noqa: E402
-from vlserve.bench.report import write_report  # noqa: E402
-from vlserve.constrained import ConstraintCompiler, ConstraintError  # noqa: E402
-from vlserve.constrained.schema import schema_to_regex  # noqa: E402
+from vlserve import Engine
+from vlserve.bench.report import write_report
+from vlserve.constrained import ConstraintCompiler, ConstraintError
+from vlserve.constrained.schema import schema_to_regex
 
 SCHEMAS = (("open", {}), ("object", {"type": "object"}))
 PLAIN = {"prompt": "USER: hi ASSISTANT:", "sampling_params": {"max_new_tokens": 1}}
@@ -69,9 +69,19 @@ def _first_compiles(engine) -> dict:
     return out
 
 
-def _first_compiles_at_vocab(vocab: int) -> dict:
-    from constrained_libs import train_tokenizer
+def train_tokenizer(vocab_size: int):
+    """A byte-level BPE of `vocab_size` tokens, trained on the Python sources in site-packages (enough
+    distinct text for a GPT-2-sized vocabulary)."""
+    from transformers import PreTrainedTokenizerFast
 
+    from vlserve.model.bpe import train_byte_level_bpe
+
+    files = sorted(Path(site.getsitepackages()[0]).glob("*/**/*.py"))[:3000]
+    tok = train_byte_level_bpe([f.read_text(errors="ignore") for f in files], vocab_size, ["<s>", "</s>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+def _first_compiles_at_vocab(vocab: int) -> dict:
     tok = train_tokenizer(vocab)
     compiler = ConstraintCompiler(tok)
     out = {"vocab": len(tok)}
