@@ -48,7 +48,8 @@ class RequestBuilder:
             params.max_new_tokens = min(params.max_new_tokens, self._room_to_generate(len(ids)))
         self._check_length(len(ids), params)
         if not (isinstance(top_logprobs_num, int) and 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS):
-            raise InvalidRequest(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num!r}")
+            raise InvalidRequest(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num!r}",
+                                 param="top_logprobs_num")
         req = Req(rid or uuid.uuid4().hex, ids, params, spans, return_logprob, logprob_start_len, top_logprobs_num)
         if params.seed is not None:
             req.generator = torch.Generator().manual_seed(params.seed)
