@@ -13,6 +13,10 @@ class MediaLimits:
     video_max_bytes: int = 200 * 1024 * 1024
     video_max_duration_s: float = 600.0
     video_max_frames: int = 64  # frames sampled from one video (each costs vision-tower tokens)
+    # pixels decoded to reach the last sampled frame (every frame before it is decoded): bounds one
+    # video's decode to about half a minute on one loaded core (benchmarks/media_preprocess_cost.py);
+    # 5 minutes of 720p or 10 of 480p at 30 fps fit, where 10 minutes of 4K at 240 fps took hours
+    video_max_decoded_pixels: int = 10_000_000_000
     allow_url_fetch: bool = False
     url_timeout_s: float = 10.0  # whole fetch, not per read
     url_max_bytes: int = 50 * 1024 * 1024
@@ -21,7 +25,7 @@ class MediaLimits:
 
     def __post_init__(self):
         for name in ("max_image_bytes", "max_image_pixels", "max_images_per_request", "video_max_bytes",
-                     "video_max_frames", "url_max_bytes"):
+                     "video_max_frames", "video_max_decoded_pixels", "url_max_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MediaLimits.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("video_max_duration_s", "url_timeout_s"):

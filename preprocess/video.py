@@ -61,11 +61,21 @@ def read_video(source: MediaSource, limits: MediaLimits = MediaLimits(),
         if fps is not None:
             check_over(f"sampling fps={fps} from a {probe.duration_s:.3f} s video", len(indices), "frames",
                        limits, "video_max_frames")
+        check_decode_budget(probe, max(indices), limits)
         with av.open(io.BytesIO(data), format=container_format) as container:
             frames = _decode_frames(container, container.streams.video[0], indices)
     except (av.FFmpegError, OSError, EOFError) as e:
         raise MediaError(f"video could not be decoded ({container_format}): {e}") from None
     return SampledVideo(frames, replace(probe, frame_indices=tuple(indices)))
+
+
+def check_decode_budget(probe: VideoInfo, last_index: int, limits: MediaLimits) -> None:
+    """Every frame up to the last sampled one is decoded: refuse a video whose decode alone would
+    hold a media worker for minutes, before decoding a pixel."""
+    frames = last_index + 1
+    check_over(f"decoding {frames} frames of {probe.width}x{probe.height} to reach the last sampled frame",
+               frames * probe.width * probe.height, "pixels", limits, "video_max_decoded_pixels",
+               detail="send a shorter or smaller video")
 
 
 def _probe(data: bytes, container_format: str, limits: MediaLimits) -> VideoInfo:

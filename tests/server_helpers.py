@@ -148,3 +148,70 @@ def metric_values(text: str, name: str) -> dict[str, float]:
         labels = ",".join(p for p in (m.group(1) or "").split(",") if p and not p.startswith("model_name="))
         out[labels] = float(m.group(2))
     return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_builtin(*flags: str) -> tuple["subprocess.Popen", str]:
+    """A real `vlserve serve` process on the built-in model (no --model) and a free port, once it
+    answers /health; the caller stops it (stop_process). Its output goes to a file (proc.log_path):
+    a pipe nobody reads fills up and blocks the server's logging."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    log = tempfile.NamedTemporaryFile("w+", prefix="vlserve-serve-", suffix=".log", delete=False)
+    proc = subprocess.Popen([sys.executable, "-m", "vlserve", "serve", "--port", str(port), "--num-threads", "1", *flags],
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.log_path = log.name
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600  # start-up on a loaded 2-core machine can take minutes
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError("the server exited: " + open(log.name).read()[-4000:])
+        if time.monotonic() > deadline:
+            stop_process(proc)
+            raise AssertionError("the server did not answer /health within 600 s")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+
+
+def stop_process(proc) -> str:
+    """SIGTERM, then SIGKILL after 30 s; returns the tail of what the process printed."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    with open(proc.log_path) as f:
+        out = f.read()
+    os.unlink(proc.log_path)
+    return out[-4000:]
+
+
+def assert_server_leak_free(url: str, timeout: float = 60.0) -> None:
+    """From outside a server process: healthy, nothing waiting or running, and no KV in use (by
+    /get_server_info and by the /metrics gauge) once idle."""
+    end = time.monotonic() + timeout
+    while True:
+        assert httpx.get(url + "/health", timeout=10).status_code == 200, "the server is unhealthy"
+        state = httpx.get(url + "/get_server_info", timeout=10).json()["internal_states"][0]
+        gauges = metric_values(httpx.get(url + "/metrics", timeout=10).text, "vlserve_kv_pool_tokens")
+        idle = state["num_waiting_requests"] == 0 and state["num_running_requests"] == 0
+        if idle and state["kv_pool_tokens"]["in_use"] == 0 and gauges.get('state="in_use"') == 0:
+            return
+        assert time.monotonic() < end, f"not idle or KV still in use after {timeout:.0f} s: {state}, {gauges}"
+        time.sleep(0.2)

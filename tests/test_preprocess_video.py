@@ -152,6 +152,17 @@ def test_byte_and_frame_size_limits(videos):
         load_video(data, MediaLimits(max_image_pixels=700))
 
 
+@pytest.mark.parametrize("name", ["mp4", "webm", "gif"])
+def test_decode_budget_counts_every_frame_up_to_the_last_sampled_one(videos, name):
+    """12 frames of 32x24: sampling up to the last decodes 9216 pixels; only the first, 768."""
+    frame = WIDTH * HEIGHT
+    with pytest.raises(MediaError, match=rf"decoding 12 frames of 32x24.* has {12 * frame} pixels, over the limit "
+                                         rf"video_max_decoded_pixels={12 * frame - 1}"):
+        load_video(videos[name], MediaLimits(video_max_decoded_pixels=12 * frame - 1), num_frames=2)
+    assert len(load_video(videos[name], MediaLimits(video_max_decoded_pixels=12 * frame), num_frames=2)) == 2
+    assert len(load_video(videos[name], MediaLimits(video_max_decoded_pixels=frame), num_frames=1)) == 1
+
+
 def test_corrupt_empty_and_undecodable_videos_are_clear_errors(videos):
     with pytest.raises(MediaError, match="video is empty"):
         load_video(b"")

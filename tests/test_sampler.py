@@ -8,8 +8,10 @@ positions, one row's parameters applied to another, logprobs of the wrong token.
 
 import math
 
+import pytest
 import torch
 
+from vlserve.core.errors import InvalidRequest
 from vlserve.core.sampling_params import SamplingParams
 from vlserve.sampling.sampler import _filtered_probs, sample
 
@@ -97,3 +99,38 @@ def test_same_seed_same_tokens():
         return [sample(logits, params, gens)[0].tolist() for _ in range(5)]
 
     assert draw(7) == draw(7) and draw(7) != draw(8)
+
+
+MASKED = torch.tensor([[1.0, float("-inf"), 3.0, float("-inf"), 2.0]])
+
+
+@pytest.mark.parametrize("temperature", [3e38, 1e39, float("inf")])
+def test_a_temperature_past_float32_is_near_uniform_over_the_unmasked_tokens(temperature):
+    """Issue 51: 1e39 became inf in float32, -inf / inf = NaN on each masked token, and multinomial
+    failed. Validation refuses 1e39 at the door; the sampler still never produces NaN from it."""
+    probs = _filtered_probs(MASKED.clone(), [SamplingParams(temperature=temperature)])[0]
+    assert probs[1] == 0 and probs[3] == 0
+    assert _close([probs[0].item(), probs[2].item(), probs[4].item()], [1 / 3] * 3)
+    ids, logprobs = sample(MASKED.clone(), [SamplingParams(temperature=temperature)], [torch.Generator().manual_seed(0)])
+    assert ids.item() in (0, 2, 4) and math.isfinite(logprobs.item())
+
+
+def test_positive_infinite_logits_are_held_finite():
+    """A float32-normal repetition_penalty divides a positive logit past float32's range."""
+    logits = torch.tensor([[float("inf"), float("inf"), 0.0, float("-inf")]])
+    probs = _filtered_probs(logits.clone(), [SamplingParams()])[0].tolist()
+    assert _close(probs, [0.5, 0.5, 0.0, 0.0])
+    ids, logprobs = sample(logits.clone(), [SamplingParams()], [None])
+    assert ids.item() in (0, 1) and math.isfinite(logprobs.item())
+
+
+def test_a_row_with_every_token_masked_is_the_requests_error():
+    logits = torch.full((1, 4), float("-inf"))
+    for params in (SamplingParams(), SamplingParams(temperature=0)):
+        with pytest.raises(InvalidRequest, match="no token can be sampled"):
+            sample(logits.clone(), [params], [None])
+
+
+def test_nan_logits_are_an_internal_error_not_the_requests():
+    with pytest.raises(RuntimeError, match="NaN"):
+        sample(torch.tensor([[float("nan"), 0.0]]), [SamplingParams()], [None])

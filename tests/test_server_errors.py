@@ -34,10 +34,10 @@ CHAT_CASES = {
     "empty messages": ({"messages": []}, "messages"),
     "unknown role": ({"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
     "unknown part type": (user([{"type": "audio", "audio": "x"}]), "type"),
-    "missing content": ({"messages": [{"role": "user"}]}, "content is required"),
+    "missing content": ({"messages": [{"role": "user"}]}, "messages.0.content"),
     "image in a system message": ({"messages": [{"role": "system", "content": [
         {"type": "image_url", "image_url": {"url": data_uri(_PNG)}}]}, {"role": "user", "content": "hi"}]},
-        "only allowed in user messages"),
+        "content.0.type: Input should be 'text'"),
     "invalid base64": (image_chat("data:image/png;base64,@@not base64@@"), "not valid base64"),
     "not an image": (image_chat(data_uri(b"these bytes are plain text, not a picture")), "not a supported image"),
     "truncated image": (image_chat(data_uri(_PNG[:len(_PNG) // 2])), "truncated or corrupt"),

@@ -8,7 +8,12 @@ from vlserve.preprocess import MediaError  # raised inside preprocess/, which ne
 
 
 class InvalidRequest(ValueError):
-    """A request the engine refuses; the message names the field and the problem (HTTP 400)."""
+    """A request the engine refuses; the message names the field and the problem (HTTP 400), and
+    param the field where one is to blame."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class ConstraintError(InvalidRequest):

@@ -9,6 +9,9 @@ from vlserve.core.sglang_params import normalise_sglang_names
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily
 MAX_STOP_REGEX, MAX_STOP_REGEX_CHARS = 32, 256  # as SGLang's
+INT32_END = 2**31  # token ids and token counts become int32/int64 tensors and list indices
+FLOAT32_MAX = 3.4028234663852886e38  # sampling floats scale float32 logits
+FLOAT32_TINY = 1.1754943508222875e-38  # below this a float32 divisor is subnormal or zero
 
 
 @dataclass
@@ -69,41 +72,45 @@ class SamplingParams:
                 raise InvalidRequest(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
 
     def validate(self) -> None:
-        def need(ok: bool, msg: str):
+        """Every value in the range the engine computes with: ints within int32 (ids, counts) or the
+        generator's seed range, floats finite and within float32 (the dtype of the logits they scale)."""
+        def need(ok: bool, param: str, msg: str):
             if not ok:
-                raise InvalidRequest(msg)
+                raise InvalidRequest(f"{param} {msg}", param=param)
 
-        need(_is_int(self.max_new_tokens) and self.max_new_tokens >= 0,
-             f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens!r}")
-        need(_is_num(self.temperature) and self.temperature >= 0, f"temperature must be >= 0, got {self.temperature!r}")
-        need(_is_num(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        need(_is_int(self.top_k) and (self.top_k == -1 or 1 <= self.top_k < 2**31),
-             f"top_k must be -1 or in [1, 2**31), got {self.top_k!r}")
-        need(_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
+        need(_is_int(self.max_new_tokens) and 0 <= self.max_new_tokens < INT32_END, "max_new_tokens",
+             f"must be an integer in [0, 2**31), got {self.max_new_tokens!r}")
+        need(_within(self.temperature, 0, FLOAT32_MAX), "temperature",
+             f"must be a finite number in [0, {FLOAT32_MAX:.4g}] (float32), got {self.temperature!r}")
+        need(_within(self.top_p, 0, 1) and self.top_p > 0, "top_p", f"must be in (0, 1], got {self.top_p!r}")
+        need(_is_int(self.top_k) and (self.top_k == -1 or 1 <= self.top_k < INT32_END), "top_k",
+             f"must be -1 or in [1, 2**31), got {self.top_k!r}")
+        need(_within(self.min_p, 0, 1), "min_p", f"must be in [0, 1], got {self.min_p!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            need(_is_num(value) and -2 <= value <= 2, f"{name} must be in [-2, 2], got {value!r}")
-        need(_is_num(self.repetition_penalty) and 0 < self.repetition_penalty <= 2,
-             f"repetition_penalty must be in (0, 2], got {self.repetition_penalty!r}")
-        need(_is_int(self.min_new_tokens) and 0 <= self.min_new_tokens <= self.max_new_tokens,
-             f"min_new_tokens must be an integer in [0, max_new_tokens], got {self.min_new_tokens!r}")
-        need(isinstance(self.logit_bias, dict) and all(_is_num(b) and -100 <= b <= 100 for b in self.logit_bias.values()),
-             "logit_bias must map token ids to numbers in [-100, 100]")
+            need(_within(value, -2, 2), name, f"must be in [-2, 2], got {value!r}")
+        need(_within(self.repetition_penalty, FLOAT32_TINY, 2), "repetition_penalty",
+             f"must be in (0, 2] and at least {FLOAT32_TINY:.4g} (float32's smallest normal), "
+             f"got {self.repetition_penalty!r}")
+        need(_is_int(self.min_new_tokens) and 0 <= self.min_new_tokens <= self.max_new_tokens, "min_new_tokens",
+             f"must be an integer in [0, max_new_tokens], got {self.min_new_tokens!r}")
+        need(isinstance(self.logit_bias, dict) and all(_within(b, -100, 100) for b in self.logit_bias.values()),
+             "logit_bias", "must map token ids to numbers in [-100, 100]")
         try:
             self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
         except ValueError:
-            raise InvalidRequest("logit_bias keys must be token ids") from None
-        need(all(t >= 0 for t in self.logit_bias), "logit_bias keys must be token ids >= 0")
-        need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
-             "stop must be a string or a list of non-empty strings")
-        need(isinstance(self.stop_token_ids, list) and all(_is_int(t) for t in self.stop_token_ids),
-             "stop_token_ids must be a list of integers")
-        need(isinstance(self.ignore_eos, bool), "ignore_eos must be a boolean")
-        need(isinstance(self.skip_special_tokens, bool), "skip_special_tokens must be a boolean")
-        need(self.seed is None or (_is_int(self.seed) and -2**63 <= self.seed < 2**64),
-             f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
-        need(self.regex is None or isinstance(self.regex, str), "regex must be a string")
-        need(not (self.regex and self.json_schema), "give either regex or json_schema, not both")
+            raise InvalidRequest("logit_bias keys must be token ids", param="logit_bias") from None
+        need(all(0 <= t < INT32_END for t in self.logit_bias), "logit_bias", "keys must be token ids in [0, 2**31)")
+        need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop",
+             "must be a string or a list of non-empty strings")
+        need(isinstance(self.stop_token_ids, list) and all(_is_int(t) and 0 <= t < INT32_END for t in self.stop_token_ids),
+             "stop_token_ids", "must be a list of token ids in [0, 2**31)")
+        need(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a boolean")
+        need(isinstance(self.skip_special_tokens, bool), "skip_special_tokens", "must be a boolean")
+        need(self.seed is None or (_is_int(self.seed) and -2**63 <= self.seed < 2**64), "seed",
+             f"must be an integer in [-2**63, 2**64), got {self.seed!r}")
+        need(self.regex is None or isinstance(self.regex, str), "regex", "must be a string")
+        need(not (self.regex and self.json_schema), "regex", "and json_schema: give one, not both")
 
     @property
     def penalised(self) -> bool:
@@ -121,3 +128,8 @@ def _is_int(x) -> bool:
 
 def _is_num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _within(x, lo: float, hi: float) -> bool:
+    """A number in [lo, hi]: NaN compares false, inf and ints past any float are out of range."""
+    return _is_num(x) and lo <= x <= hi

@@ -32,11 +32,19 @@ class SampledToken:
 
 
 @dataclass
+class SampleFailure:
+    """Why sampling failed for one request: status 400 when its own values caused it (InvalidRequest),
+    500 for a fault of the server."""
+    message: str
+    status: int = 500
+
+
+@dataclass
 class StepResult:
     """Per plan item, in plan order."""
     plan: list[PlannedExtend]
     mode: ForwardMode
     sampled: list[SampledToken | None]  # None where not sampled, or where sampling failed
-    sample_errors: list[str | None]  # why sampling failed for that request alone
+    sample_errors: list["SampleFailure | None"]  # why sampling failed for that request alone
     # prompt logprobs found: (logprob, id, top alternatives as (logprob, id) pairs)
     input_logprobs: list[list[tuple[float, int, list]]] = field(default_factory=list)

@@ -1,13 +1,16 @@
 """Sampling one step's requests: constraint masks, one batched call, and a per-request fallback so
-that one request's failure (a bad constraint state, a sampler bug) fails only that request."""
+that one request's failure fails only that request: with a 400 when its own values caused it (the
+sampler raises InvalidRequest, e.g. nothing left to sample), else a 500 (a bad constraint state, a
+sampler bug). Either way it ends as an error of that request, never of the step."""
 
 import logging
 
 import torch
 
 from vlserve.constrained import apply_constraint_masks
+from vlserve.core.errors import InvalidRequest
 from vlserve.core.request import Req
-from vlserve.core.step import SampledToken
+from vlserve.core.step import SampledToken, SampleFailure
 from vlserve.sampling.penalties import apply_logit_bias, apply_penalties, mask_early_stops
 from vlserve.sampling.sampler import sample
 
@@ -15,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def sample_requests(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...] = ()
-                    ) -> tuple[list[SampledToken | None], list[str | None]]:
+                    ) -> tuple[list[SampledToken | None], list[SampleFailure | None]]:
     """logits: [len(reqs), V], one row per request. Returns (tokens, errors), one of each per request."""
     try:
         # penalties and logit bias are not idempotent: the per-request fallback needs the logits as
@@ -44,21 +47,26 @@ def _top_logprobs(logits: torch.Tensor, nums: list[int]) -> list[list[tuple[floa
     rows = [i for i, k in enumerate(nums) if k > 0]
     if rows:
         k = max(nums[i] for i in rows)
-        values, ids = torch.log_softmax(logits[rows], dim=-1).topk(k, dim=-1)
+        values, ids = torch.log_softmax(logits[rows], dim=-1).topk(min(k, logits.shape[1]), dim=-1)
         for j, i in enumerate(rows):
-            out[i] = list(zip(values[j, :nums[i]].tolist(), ids[j, :nums[i]].tolist()))
+            # a masked token (-inf) is no alternative: it could not have been sampled
+            out[i] = [(v, t) for v, t in zip(values[j, :nums[i]].tolist(), ids[j, :nums[i]].tolist())
+                      if v != float("-inf")]
     return out
 
 
 def _sample_each(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...]
-                 ) -> tuple[list[SampledToken | None], list[str | None]]:
+                 ) -> tuple[list[SampledToken | None], list[SampleFailure | None]]:
     tokens, errors = [], []
     for i, req in enumerate(reqs):
         try:
             tokens.append(_sample(logits[i:i + 1].clone(), [req], eos_token_ids)[0])
             errors.append(None)
+        except InvalidRequest as e:
+            tokens.append(None)
+            errors.append(SampleFailure(f"{e}", status=400))
         except Exception as e:
             log.exception("sampling failed for request %s", req.rid)
             tokens.append(None)
-            errors.append(f"internal error while sampling: {e}")
+            errors.append(SampleFailure(f"internal error while sampling: {e}"))
     return tokens, errors

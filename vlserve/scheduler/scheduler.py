@@ -151,7 +151,7 @@ class Scheduler:
                 self.constraints.apply_first_jump(req, p.jump)
                 self._after_output_changed(req, replace_from=0)  # else the forced prefix is extended next step
             elif error is not None:
-                self._finish(req, "error", error=error)
+                self._finish(req, "error", error=error.message, error_status=error.status)
             elif sampled is not None:
                 self._on_token(req, sampled, now)
         self._update_gauges()

@@ -16,6 +16,7 @@ import dataclasses
 import os
 
 from fastapi import APIRouter, Response
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 import vlserve
@@ -45,7 +46,7 @@ class DetokenizeRequest(BaseModel):
 def admin_router(engine, args: ServerArgs) -> APIRouter:
     router = APIRouter(route_class=ErrorMappingRoute)
 
-    @router.api_route("/flush_cache", methods=["GET", "POST"])
+    @router.api_route("/flush_cache", methods=["GET", "POST"], response_class=PlainTextResponse)
     async def flush_cache() -> Response:
         if not engine.flush_cache():
             raise APIError(400, "requests are waiting or running: the cache is flushed only while the server "

@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 
 from fastapi import FastAPI, Response
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -24,6 +24,7 @@ from vlserve.server.body_limit import BodyLimitMiddleware
 from vlserve.server.errors import ErrorMappingRoute, error_response, install_error_handlers
 from vlserve.server.generate import generate_router
 from vlserve.server.openai_routes import openai_router
+from vlserve.server.openapi_schema import error_responses, install_openapi_schema
 from vlserve.server.upload import upload_router
 from vlserve.server.args import ServerArgs
 
@@ -35,12 +36,12 @@ def build_app(engine, args: ServerArgs) -> FastAPI:
     app = FastAPI(title="vlserve", description="Serving vision-language models", version="0.1.0")
     app.router.route_class = ErrorMappingRoute
     install_error_handlers(app)
-    app.include_router(openai_router(engine, args.model_names()))
-    app.include_router(generate_router(engine))
-    app.include_router(upload_router(engine))
-    app.include_router(admin_router(engine, args))
+    for router in (openai_router(engine, args.model_names()), generate_router(engine), upload_router(engine),
+                   admin_router(engine, args)):
+        app.include_router(router, responses=error_responses())
+    install_openapi_schema(app)
 
-    @app.get("/health")
+    @app.get("/health", responses={503: error_responses()[503]})
     async def health():
         if not engine.is_alive():
             return error_response(503, "the engine loop is not running", code="engine_dead")
@@ -54,7 +55,7 @@ def build_app(engine, args: ServerArgs) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)  # open: no API key (server/auth.py)
     async def metrics() -> Response:
         return Response(engine.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

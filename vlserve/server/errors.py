@@ -58,7 +58,7 @@ def error_from_exception(e: BaseException) -> APIError:
     if isinstance(e, EngineBusy):
         return APIError(503, f"server busy: {e}; retry later", code="server_busy")
     if isinstance(e, (InvalidRequest, MediaError)):  # ConstraintError is an InvalidRequest
-        return APIError(400, str(e), code=type(e).__name__)
+        return APIError(400, str(e), param=getattr(e, "param", None), code=type(e).__name__)
     log.exception("internal error", exc_info=e)
     return APIError(500, f"internal error: {type(e).__name__}: {e}")
 
@@ -117,7 +117,8 @@ def _validation_response(e: RequestValidationError) -> JSONResponse:
         if err.get("type") == "json_invalid":
             problems.append(f"the body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')})")
             continue
-        param = ".".join(str(p) for p in err.get("loc", ()) if not _is_loc_noise(p)) or None
+        loc = err.get("loc", ())
+        param = ".".join(str(p) for i, p in enumerate(loc) if not _is_loc_noise(p, loc[i - 1] if i else None)) or None
         problem = f"{param or 'body'}: {err.get('msg', 'invalid')}"
         if problem not in problems:
             problems.append(problem)
@@ -126,7 +127,13 @@ def _validation_response(e: RequestValidationError) -> JSONResponse:
                           "invalid_request")
 
 
-def _is_loc_noise(part) -> bool:
-    """Where the field came from ("body") and pydantic's union-branch tags ("str", "list[int]")."""
+# the values of the request models' discriminators (a message's role, a content part's type), which
+# pydantic puts in an error's location after the list index: messages.0.user.content
+_UNION_TAGS = ("system", "developer", "user", "assistant", "text", "image_url", "video_url")
+
+
+def _is_loc_noise(part, before) -> bool:
+    """Where the field came from ("body"), pydantic's union-branch tags ("str", "list[int]") and a
+    discriminator's value right after a list index ("user" in messages.0.user.content)."""
     return part in ("body", "query", "path", "header", "form", "str", "int", "float", "bool", "dict") or (
-        isinstance(part, str) and "[" in part)
+        isinstance(part, str) and "[" in part) or (isinstance(before, int) and part in _UNION_TAGS)

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vlserve.core.sampling_params import FLOAT32_MAX, FLOAT32_TINY, INT32_END
+
 MAX_N = 16  # choices per request; each is a request in the engine
 
 
@@ -38,9 +40,29 @@ ContentPart = Annotated[TextPart | ImagePart | VideoPart, Field(discriminator="t
 
 
 class ChatMessage(BaseModel):
+    """Any role; a request's messages are the role-specific kinds below (the schema says which need content)."""
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+
+
+class SystemMessage(ChatMessage):
+    role: Literal["system", "developer"]
+    content: str | list[TextPart]
+
+
+class UserMessage(ChatMessage):
+    role: Literal["user"]
+    content: str | list[ContentPart]
+
+
+class AssistantMessage(ChatMessage):
+    """content may be left out (the turn is then empty): tool calls are not supported (UNSUPPORTED)."""
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = None
+
+
+AnyChatMessage = Annotated[SystemMessage | UserMessage | AssistantMessage, Field(discriminator="role")]
 
 
 class StreamOptions(BaseModel):
@@ -68,15 +90,16 @@ UNSUPPORTED = {"suffix": (None,),
 
 
 class SamplingFields(BaseModel):
-    """The sampling options the chat and completion routes share."""
-    model_config = ConfigDict(extra="forbid")
+    """The sampling options the chat and completion routes share, each bounded to what the engine
+    computes with (SamplingParams.validate checks the same again for every route)."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1, lt=INT32_END)
+    temperature: float | None = Field(default=None, ge=0, le=FLOAT32_MAX)
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: int = Field(default=1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-2**63, lt=2**64)
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
@@ -85,18 +108,18 @@ class SamplingFields(BaseModel):
     metadata: dict | None = None
     service_tier: str | None = None
     # the extra sampling fields vLLM and SGLang accept
-    top_k: int | None = None
-    min_p: float | None = None
+    top_k: int | None = Field(default=None, ge=-1, lt=INT32_END)
+    min_p: float | None = Field(default=None, ge=0, le=1)
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, lt=INT32_END)]] | None = None
     regex: str | None = None
     json_schema: str | dict | None = None
     skip_special_tokens: bool | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
-    logit_bias: dict[str, float] | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, ge=FLOAT32_TINY, le=2)
+    min_tokens: int | None = Field(default=None, ge=0, lt=INT32_END)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     # documented but refused unless "off" (UNSUPPORTED)
     tools: list | None = None
     tool_choice: str | dict | None = None
@@ -111,8 +134,8 @@ class SamplingFields(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    messages: list[AnyChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, lt=INT32_END)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     add_generation_prompt: bool = True  # vLLM's and SGLang's chat extras

@@ -9,6 +9,7 @@ top_p, top_k, seed, stop (repeatable), regex, json_schema; video sampling num_fr
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
 
+from vlserve.core.sampling_params import FLOAT32_MAX, INT32_END
 from vlserve.server.chat import media_prompt
 from vlserve.server.disconnect import cancel_on_disconnect
 from vlserve.server.errors import APIError, ErrorMappingRoute, raise_if_failed
@@ -28,16 +29,18 @@ def upload_router(engine) -> APIRouter:
         video: list[UploadFile] = File(default=[]),
         chat: bool = Form(True),
         stream: bool = Form(False),
-        max_new_tokens: int | None = Form(None),
-        temperature: float | None = Form(None),
-        top_p: float | None = Form(None),
-        top_k: int | None = Form(None),
-        seed: int | None = Form(None),
+        # Optional fields are typed without None: multipart has no null, so the schema offers none
+        # (a client's JSON null would arrive as the text "null"); absent or empty means unset.
+        max_new_tokens: int = Form(None, ge=0, lt=INT32_END),
+        temperature: float = Form(None, ge=0, le=FLOAT32_MAX, allow_inf_nan=False),
+        top_p: float = Form(None, gt=0, le=1, allow_inf_nan=False),
+        top_k: int = Form(None, ge=-1, lt=INT32_END),
+        seed: int = Form(None, ge=-2**63, lt=2**64),
         stop: list[str] = Form(default=[]),
-        regex: str | None = Form(None),
-        json_schema: str | None = Form(None),
-        num_frames: int | None = Form(None),
-        fps: float | None = Form(None),
+        regex: str = Form(None),
+        json_schema: str = Form(None),
+        num_frames: int = Form(None, ge=1, lt=INT32_END),
+        fps: float = Form(None, gt=0, le=FLOAT32_MAX, allow_inf_nan=False),
     ):
         if len(video) > 1:
             raise APIError(400, f"send at most one video file, got {len(video)}", param="video")
