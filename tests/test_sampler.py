@@ -131,6 +131,14 @@ def test_a_row_with_every_token_masked_is_the_requests_error():
             sample(logits.clone(), [params], [None])
 
 
+def test_one_dead_row_in_a_batch_is_found():
+    """Bug caught: checking the batch as a whole (all tokens of all rows masked) let one dead row
+    beside a live one through to the softmax."""
+    logits = torch.tensor([[0.0, 1.0, float("-inf")], [float("-inf")] * 3])
+    with pytest.raises(InvalidRequest, match="no token can be sampled.*exclude every token"):
+        sample(logits, [SamplingParams(), SamplingParams()], [None, None])
+
+
 def test_nan_logits_are_an_internal_error_not_the_requests():
-    with pytest.raises(RuntimeError, match="NaN"):
+    with pytest.raises(RuntimeError, match="^the model produced NaN logits$"):
         sample(torch.tensor([[float("nan"), 0.0]]), [SamplingParams()], [None])
