@@ -24,9 +24,9 @@ from PIL import Image
 
 from vlserve import Engine
 from vlserve.bench.report import write_report
-from vlserve.model import tiny_anyres
-from vlserve.model.tiny import TinyModelSpec
-from vlserve.model.tiny_architectures import make_tiny_checkpoint
+from vlserve.testing import tiny_anyres
+from vlserve.testing.tiny import TinyModelSpec
+from vlserve.testing.tiny_architectures import make_tiny_checkpoint
 
 # (make-tiny-model --arch, --text, --vision): every LlavaForConditionalGeneration variant, then the anyres families
 VARIANTS = [("llava", "llama", "clip"), ("llava", "llama", "siglip"), ("llava", "mistral", "clip"),

@@ -74,7 +74,7 @@ def train_tokenizer(vocab_size: int):
     distinct text for a GPT-2-sized vocabulary)."""
     from transformers import PreTrainedTokenizerFast
 
-    from vlserve.model.bpe import train_byte_level_bpe
+    from vlserve.testing.bpe import train_byte_level_bpe
 
     files = sorted(Path(site.getsitepackages()[0]).glob("*/**/*.py"))[:3000]
     tok = train_byte_level_bpe([f.read_text(errors="ignore") for f in files], vocab_size, ["<s>", "</s>"])

@@ -50,7 +50,7 @@ def free_port() -> int:
 
 
 def make_model(out_dir: str, hidden: int, layers: int) -> str:
-    from vlserve.model.tiny import TinyModelSpec, make_tiny_model
+    from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
     spec = TinyModelSpec(hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers, num_heads=8,
                          num_kv_heads=4, max_position_embeddings=4096)

@@ -4,7 +4,7 @@ the CPU speed work, on BENCH_SPEC (random-weight LLaVA, 104.7 M parameters).
 Configurations (same checkpoint, same threads, same requests):
 - before:      plain F.linear (MKL), the per-request reference attention (`reference` backend) and
                eager elementwise ops
-- after:       the CPU GEMM path (vlserve/model/cpu_gemm.py) and the batched C++ paged attention
+- after:       the CPU GEMM path (vlserve/cpu/gemm.py) and the batched C++ paged attention
 - after-bf16:  the same in bf16 (bf16 weights and KV pool)
 - after-no-small-gemm: `after` without the small-row GEMM kernel (oneDNN / MKL at every size): what
   the kernel adds, in the same run

@@ -17,7 +17,7 @@ import tempfile
 
 from vlserve.bench.report import write_report
 from vlserve.bench.soak import Soak, ramp
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 from vlserve.server.app import make_engine
 from vlserve.server.args import ServerArgs
 from vlserve.server.background import BackgroundServer

@@ -3,7 +3,7 @@ dtype, fp32 (FMA) or bf16 (vdpbf16ps where the CPU has AVX512_BF16; on AVX2 wide
 a weight packed once for it. On AVX-512 from 8 to 64 rows it measured 1.1-1.4x oneDNN's inner product
 on oneDNN's own packed weight (one Zen 5 core, each of the benchmark model's eight layers' weights
 from memory, as in a decode step); on AVX2 (Zen 3) 1.3-2.2x the small-row kernel and oneDNN up to 128
-rows; at prefill sizes oneDNN is level or ahead, so vlserve.model.cpu_gemm sends only these rows here.
+rows; at prefill sizes oneDNN is level or ahead, so vlserve.cpu.gemm sends only these rows here.
 Where the CPU has AMX, bf16 rows up to amx_max_rows() run on the tiles instead, B tiles read straight
 from the same packed weight: streamed once, in order, the tiles far ahead of memory.
 

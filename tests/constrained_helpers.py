@@ -41,7 +41,7 @@ def train_tokenizer(vocab_size: int = 2000):
     """Trained once per machine and cached as JSON in the temp dir (about 1 s to train)."""
     from tokenizers import Tokenizer
 
-    from vlserve.model.bpe import train_byte_level_bpe
+    from vlserve.testing.bpe import train_byte_level_bpe
     from transformers import PreTrainedTokenizerFast
 
     path = Path(tempfile.gettempdir()) / f"vlserve_constrained_bpe_{vocab_size}_v1.json"

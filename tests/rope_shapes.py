@@ -5,7 +5,7 @@ context is short enough that the prompts and decode steps (up to ~80 positions) 
 frequencies; LongRoPE's 32 is crossed mid-prompt by some requests and mid-decode by others.
 """
 
-from vlserve.model.tiny import TinyModelSpec
+from vlserve.testing.tiny import TinyModelSpec
 
 ROPE_SHAPES = {
     # Mistral / Qwen2 use default RoPE with theta 1e6: catches a default path that ignores rope_theta.

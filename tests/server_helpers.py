@@ -26,7 +26,7 @@ _shared: dict = {}
 def tiny_model_dir() -> str:
     with _lock:
         if "model" not in _shared:
-            from vlserve.model.tiny import make_tiny_model
+            from vlserve.testing.tiny import make_tiny_model
 
             _shared["model"] = make_tiny_model(tempfile.mkdtemp(prefix="vlserve-server-tests-"))
         return _shared["model"]

@@ -10,7 +10,7 @@ per-request figures come from another batch than that wall.
 import pytest
 
 from vlserve.bench import workloads as W
-from vlserve.model.tiny import TinyModelSpec, make_tiny_model
+from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
 from bench_script_helpers import load_benchmark_script
 

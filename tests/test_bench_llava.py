@@ -11,7 +11,7 @@ from vlserve.bench.client import EngineClient, Job
 from vlserve.bench.llava_bench import image_prompt, percentiles, read_questions, report, run, write_answers
 from vlserve.bench.workloads import write_llava_bench_set
 from vlserve.builtin.scenes import IMAGE_QTYPES
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""bf16: the native model in bf16 (bf16 weights and KV, the CPU GEMM path of cpu_gemm.py) against
+"""bf16: the native model in bf16 (bf16 weights and KV, the CPU GEMM path of cpu/gemm.py) against
 transformers' LlavaForConditionalGeneration in bf16, and the dtype `--dtype auto` picks.
 
 Two bf16 implementations round differently, so exact agreement is not expected. What is checked:
@@ -13,9 +13,9 @@ import torch
 
 from runner_helpers import batched_logits
 from vlserve.runner.model_runner import ModelRunner
-from vlserve.model import cpu_gemm
+from vlserve.cpu import gemm as cpu_gemm
 from vlserve.model.loader import load_model, resolve_dtype
-from vlserve.model.tiny import TinyModelSpec, make_tiny_model
+from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
 STEPS = 12
 

@@ -14,7 +14,7 @@ from PIL import ImageOps
 
 import builtin_independent_set as independent
 from vlserve.builtin import scenes
-from vlserve.builtin.evaluate import evaluate, prompt_for, with_shots
+from training.builtin.evaluate import evaluate, prompt_for, with_shots
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
 assert (BUILTIN_MODEL_DIR / "config.json").exists(), "the built-in checkpoint is missing from vlserve/builtin_model"
@@ -120,7 +120,7 @@ def test_prompt_uses_the_checkpoint_chat_template_and_answers_have_no_leading_sp
 
 def test_error_breakdown_measures_each_scene_from_its_masks():
     """The breakdown that chose 96 px: shape counts, sizes and overlap come from the scene itself."""
-    from vlserve.builtin import error_breakdown
+    from training.builtin import error_breakdown
 
     cases = error_breakdown.draw_cases(60, seed=5)
     assert {c.qa.qtype for c in cases} == {"count", "caption"}

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from vlserve.builtin import scenes
-from vlserve.builtin.evaluate import caption_pairs, is_correct, normalise
+from vlserve.builtin.answers import caption_pairs, is_correct, normalise
 
 
 def _view_pixels(scene, frame=0) -> np.ndarray:

@@ -11,10 +11,10 @@ import torch
 from transformers import AutoTokenizer
 
 from vlserve.builtin import scenes
-from vlserve.builtin.attention_targets import (
+from training.builtin.attention_targets import (
     KEYWORD_LAYER, RETRIEVAL_HEADS, RETRIEVAL_LAYER, AttentionBatch, object_patches, retrieval_patches,
 )
-from vlserve.builtin.train import (
+from training.builtin.train import (
     IMAGE_SIZE, BatchMaker, build_image_processor, build_model, patch_targets, warm_start,
 )
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
@@ -143,7 +143,7 @@ def test_appearing_shape_targets_the_whole_first_frame_and_the_shape_last():
 
 
 def test_answers_follow_the_generation_prompt_without_a_leading_space():
-    from vlserve.builtin.tokenizer import BUILTIN_CHAT_TEMPLATE, GENERATION_PROMPT
+    from training.builtin.tokenizer import BUILTIN_CHAT_TEMPLATE, GENERATION_PROMPT
 
     tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
     tok.chat_template = BUILTIN_CHAT_TEMPLATE  # what train_tokenizer gives every checkpoint it trains
@@ -242,7 +242,7 @@ def test_question_type_overrides_change_the_answer_weight_and_the_turn_mix():
 def test_override_flags_name_a_known_question_type():
     import argparse
 
-    from vlserve.builtin.train import QTYPE_WEIGHT, _overrides
+    from training.builtin.train import QTYPE_WEIGHT, _overrides
 
     parser = argparse.ArgumentParser()
     assert _overrides(parser, ["position=3", "caption=4.5"], QTYPE_WEIGHT) == {"position": 3.0, "caption": 4.5}

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from vlserve import Engine
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 SHARED = "USER: You are a careful assistant. Answer briefly, in one sentence, and be kind. "
 

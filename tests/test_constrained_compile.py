@@ -20,7 +20,7 @@ from vlserve.constrained import (CompileBudget, CompileWorkers, ConstraintCompil
 from vlserve.constrained.json_automata import DATA_FILE, PRECOMPILED_SCHEMAS, precompiled
 from vlserve.constrained.schema import schema_to_regex
 from vlserve.constrained.vocab import token_bytes_table
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="module")

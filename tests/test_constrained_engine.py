@@ -9,7 +9,7 @@ import pytest
 
 from vlserve import Engine
 from vlserve.constrained import ConstraintError
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 SCHEMA = {
     "type": "object",

@@ -1,4 +1,4 @@
-"""glibc keeps freed activations for reuse once the engine has tuned malloc (vlserve/model/cpu_allocator.py):
+"""glibc keeps freed activations for reuse once the engine has tuned malloc (vlserve/cpu/allocator.py):
 a large tensor then comes from the heap, not from a fresh mmap whose every page faults on first write.
 
 Each check runs in a fresh interpreter: the tuning is process-wide and takes hold for threads that
@@ -7,12 +7,12 @@ first allocate after it, as the engine's do."""
 import subprocess
 import sys
 
-from vlserve.model.cpu_allocator import keep_freed_memory
+from vlserve.cpu.allocator import keep_freed_memory
 
 PROBE = """
 import ctypes, sys, threading
 if sys.argv[1] == "tuned":
-    from vlserve.model.cpu_allocator import keep_freed_memory
+    from vlserve.cpu.allocator import keep_freed_memory
     assert keep_freed_memory() and keep_freed_memory()
 import torch
 

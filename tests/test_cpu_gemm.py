@@ -1,4 +1,4 @@
-"""CpuLinear (vlserve/model/cpu_gemm.py): the same products as F.linear on every path it takes
+"""CpuLinear (vlserve/cpu/gemm.py): the same products as F.linear on every path it takes
 (our small-row kernel below SMALL_ROWS, MKL below ONEDNN_MIN_ROWS where the kernel is unavailable,
 oneDNN above; bf16 as is or widened to fp32), and the in-place switch."""
 
@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlserve.model import cpu_gemm
-from vlserve.model.cpu_gemm import ONEDNN_MIN_ROWS, SMALL_ROWS, UPCAST_MIN_ROWS, CpuLinear, use_cpu_gemm
+from vlserve.cpu import gemm as cpu_gemm
+from vlserve.cpu.gemm import ONEDNN_MIN_ROWS, SMALL_ROWS, UPCAST_MIN_ROWS, CpuLinear, use_cpu_gemm
 
 ROWS = [1, ONEDNN_MIN_ROWS - 1, ONEDNN_MIN_ROWS, UPCAST_MIN_ROWS - 1, UPCAST_MIN_ROWS, SMALL_ROWS - 1, SMALL_ROWS, 300]
 

@@ -1,4 +1,4 @@
-"""Start-up prefaulting (vlserve/model/cpu_prefault.py): the pages the first big batch writes are
+"""Start-up prefaulting (vlserve/cpu/prefault.py): the pages the first big batch writes are
 touched before serving, so that batch does not fault them in. Page faults are counted for real
 (getrusage), each case in a fresh interpreter beside a control without the prefault."""
 
@@ -11,8 +11,8 @@ import torch
 
 from vlserve.engine import engine as engine_module
 from vlserve.memory.kv_pool import KVPool
-from vlserve.model import cpu_prefault
-from vlserve.model.tiny import make_tiny_model
+from vlserve.cpu import prefault as cpu_prefault
+from vlserve.testing.tiny import make_tiny_model
 
 FAULTS = """
 import resource, torch
@@ -30,7 +30,7 @@ def run_counting(body: str) -> int:
 
 def test_a_prefaulted_heap_serves_the_next_activations_without_faults():
     body = """
-    from vlserve.model.cpu_prefault import prefault_heap
+    from vlserve.cpu.prefault import prefault_heap
     if {prefault}:
         assert prefault_heap(64 << 20) == 64 << 20
     start = faults()
@@ -48,7 +48,7 @@ def test_a_prefaulted_heap_serves_the_next_activations_without_faults():
 def test_prefaulted_kv_slots_are_written_without_faults():
     body = """
     from vlserve.memory.kv_pool import KVPool
-    from vlserve.model.cpu_prefault import prefault_kv
+    from vlserve.cpu.prefault import prefault_kv
     kv = KVPool.create(2, 1 << 16, 4, 64, torch.float32)  # 64 MB a buffer: mapped, not on the heap
     if {prefault}:
         prefault_kv(kv, 4096)

@@ -1,10 +1,10 @@
-"""Thread counts for the model's CPU kernels and the media pool (vlserve/model/cpu_threads.py)."""
+"""Thread counts for the model's CPU kernels and the media pool (vlserve/cpu/threads.py)."""
 
 import pytest
 import torch
 
-from vlserve.model import cpu_threads
-from vlserve.model.cpu_threads import configure_compute_threads, media_workers, usable_cores
+from vlserve.cpu import threads as cpu_threads
+from vlserve.cpu.threads import configure_compute_threads, media_workers, usable_cores
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlserve.kernels import decode_gemm
-from vlserve.model import cpu_gemm
-from vlserve.model.cpu_gemm import DECODE_GEMM_ROWS, CpuLinear, use_cpu_gemm
+from vlserve.cpu import gemm as cpu_gemm
+from vlserve.cpu.gemm import DECODE_GEMM_ROWS, CpuLinear, use_cpu_gemm
 
 from test_cpu_attention import cpu_flags, cpu_has_avx512_bf16
 

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from vlserve import Engine
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 

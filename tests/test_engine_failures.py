@@ -11,7 +11,7 @@ import json
 import pytest
 
 from vlserve import Engine
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 LONG = "USER: " + " ".join(f"word{i}" for i in range(60)) + " ASSISTANT:"
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}

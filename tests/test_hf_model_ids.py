@@ -20,7 +20,7 @@ from server_helpers import wait_healthy
 from vlserve.core.config import EngineArgs
 from vlserve.core.errors import CheckpointError
 from vlserve.model.hub import CHECKPOINT_FILES, resolve_model_path
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 REPO = "tiny-org/tiny-llava"
 MAIN, V2 = "a" * 40, "b" * 40  # the commits refs/main and refs/v2 point at

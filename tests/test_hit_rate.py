@@ -10,7 +10,7 @@ import pytest
 
 from vlserve import Engine
 from vlserve.bench import workloads as W
-from vlserve.model.tiny import TinyModelSpec, make_tiny_model
+from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
 WORKLOADS = {
     "few_shot": lambda: W.few_shot(n=8, examples=4),

@@ -15,7 +15,7 @@ import torch
 
 from vlserve import Engine
 from vlserve.constrained.vocab import token_bytes_table
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 # A boolean first: after the model picks `t` (or `f`), the jump re-encodes `t` + `rue, "name": "`
 # into new tokens mid-output, so the rewound KV is recomputed and later enters the tree.

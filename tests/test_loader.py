@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from vlserve.core.errors import CheckpointError
 from vlserve.model.loader import load_model
-from vlserve.model.tiny import TinyModelSpec, make_tiny_model
+from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from vlserve import Engine
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="module")

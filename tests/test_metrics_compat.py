@@ -16,7 +16,7 @@ import pytest
 from server_helpers import served_model, start_server
 from vlserve import Engine
 from vlserve.engine.stats_log import StatsLog
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 VLLM_DASHBOARD = [
     "vllm:e2e_request_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_sum",

@@ -11,7 +11,7 @@ import torch
 
 from rope_shapes import ROPE_SHAPES
 from vlserve import Engine
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 STEPS = 40
 PROMPT_LENS = (5, 20, 40)  # LongRoPE's 32 is crossed in decode, in decode, in the prompt

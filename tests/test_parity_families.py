@@ -20,7 +20,7 @@ from runner_helpers import assert_runner_matches_transformers, hf_greedy_logits
 from vlserve import Engine
 from vlserve.core.errors import CheckpointError, InvalidRequest
 from vlserve.model.families import family_for
-from vlserve.model.tiny import TinyModelSpec, make_tiny_model
+from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
 FAMILY_SHAPES = {
     # SigLIP under "default": transformers drops the first position though it is a patch (15 tokens)

@@ -15,8 +15,8 @@ from PIL import Image
 
 from vlserve import Engine
 from vlserve.model.loader import load_model
-from vlserve.model.tiny import TinyModelSpec
-from vlserve.model.tiny_anyres import make_tiny_llava_next
+from vlserve.testing.tiny import TinyModelSpec
+from vlserve.testing.tiny_anyres import make_tiny_llava_next
 from vlserve.runner.model_runner import ModelRunner
 
 from runner_helpers import batched_logits

@@ -15,7 +15,7 @@ from anyres_helpers import FRAMES, TOP, assert_matches
 from anyres_helpers import hf_greedy as _hf_greedy, image as _image, png as _png, video as _video
 from vlserve import Engine
 from vlserve.model.loader import load_model
-from vlserve.model.tiny_anyres import VIDEO_TOKEN, make_tiny_llava_onevision
+from vlserve.testing.tiny_anyres import VIDEO_TOKEN, make_tiny_llava_onevision
 from vlserve.preprocess import MediaLimits, load_video
 
 SIZES = [(48, 64), (100, 37), (30, 30), (480, 640), (1080, 1920), (20, 300)]  # (height, width)

@@ -3,7 +3,7 @@
 import pytest
 
 from runner_helpers import assert_runner_matches_transformers
-from vlserve.model.tiny import TinyModelSpec, make_tiny_model
+from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
 from rope_shapes import ROPE_SHAPES
 

@@ -56,7 +56,7 @@ def test_unkeyable_requests_have_no_key():
 def test_anyres_key_is_the_engines_radix_key(tmp_path):
     """A LLaVA-NeXT checkpoint: the router keys (and counts) a tiled image as its engine does."""
     from vlserve import Engine
-    from vlserve.model.tiny_anyres import make_tiny_llava_next
+    from vlserve.testing.tiny_anyres import make_tiny_llava_next
 
     path = make_tiny_llava_next(str(tmp_path / "next"))
     uri = data_uri(png(seed=5))

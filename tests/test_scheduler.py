@@ -3,7 +3,7 @@
 import pytest
 
 from vlserve import Engine
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from vlserve.kernels import cpu_attention, small_gemm
-from vlserve.model import cpu_gemm
+from vlserve.cpu import gemm as cpu_gemm
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ def test_shapes_that_do_not_shard_are_refused_by_name(heads, kv_heads, inter, tp
 def test_shard_model_cuts_the_decoder_and_leaves_the_vision_side_whole(tmp_path):
     from vlserve.model.loader import load_model
     from vlserve.model.tensor_parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, shard_model
-    from vlserve.model.tiny import TinyModelSpec, make_tiny_model
+    from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
     path = make_tiny_model(str(tmp_path / "m"), spec=TinyModelSpec(num_heads=4, num_kv_heads=2, tie_word_embeddings=True))
     model = load_model(path).model

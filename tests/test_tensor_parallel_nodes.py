@@ -7,7 +7,7 @@ import sys
 
 from vlserve import Engine
 from vlserve.distributed.group import free_port
-from vlserve.model.tiny import make_tiny_model
+from vlserve.testing.tiny import make_tiny_model
 
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 

@@ -35,6 +35,8 @@ DOCKERFILE = ROOT / "Dockerfile"
 INSTALLED_AS = {"vlserve": "vlserve", "kernels": "vlserve/kernels", "preprocess": "vlserve/preprocess"}
 DATA_FOLDERS = ("vlserve/builtin_model", "vlserve/server/static", "kernels/csrc")
 NOT_SOURCE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")  # as .dockerignore
+# in the repository, deliberately not in the wheel: the built-in model's training, evaluation and logs
+TRAINING = ROOT / "training" / "builtin"
 
 
 def dockerfile_wheel_stage() -> tuple[list[str], str]:
@@ -96,6 +98,19 @@ def test_the_wheel_holds_every_source_and_data_file(wheel):
     assert "vlserve/distributed/tp_runner.py" in names and "vlserve/builtin_model/model.safetensors" in names
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert re.search(r"^Requires-Dist: huggingface_hub", metadata, re.M | re.I), metadata[:2000]
+
+
+def test_the_wheel_leaves_out_the_builtin_models_training(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    trainers = sorted(p.name for p in TRAINING.glob("*.py") if p.name != "__init__.py")
+    logs = sorted(p.name for p in (TRAINING / "logs").glob("*.csv"))
+    assert "train.py" in trainers and "evaluate.py" in trainers and "train_log.csv" in logs, (trainers, logs)
+    shipped = sorted(n for n in names if n.rsplit("/", 1)[-1] in trainers + logs or n.endswith(".csv"))
+    assert not shipped, f"training code or logs in the wheel: {shipped}"
+    # what serving and `vlserve make-tiny-model` need stays
+    for needed in ("vlserve/builtin/scenes.py", "vlserve/builtin/answers.py", "vlserve/cpu/gemm.py",
+                   "vlserve/testing/tiny_architectures.py", "vlserve/builtin_model/tokenizer.json"):
+        assert needed in names, needed
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +188,10 @@ def test_the_installed_command_serves_the_builtin_model_from_elsewhere(venv, tmp
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_the_installed_command_writes_a_tiny_model(venv, tmp_path):
+    command = [str(venv / "bin" / "vlserve"), "make-tiny-model", str(tmp_path / "tiny"), "--arch", "llava"]
+    run = subprocess.run(command, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads((tmp_path / "tiny" / "config.json").read_text())["architectures"] == ["LlavaForConditionalGeneration"]

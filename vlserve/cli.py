@@ -5,9 +5,9 @@ import json
 import sys
 
 from vlserve.core.config import EngineArgs
-from vlserve.model.tiny_architectures import ARCHITECTURES as TINY_ARCHITECTURES
-from vlserve.model.tiny import TEXT_MODELS as TINY_TEXT_MODELS
-from vlserve.model.tiny import VISION_MODELS as TINY_VISION_MODELS
+from vlserve.testing.tiny_architectures import ARCHITECTURES as TINY_ARCHITECTURES
+from vlserve.testing.tiny import TEXT_MODELS as TINY_TEXT_MODELS
+from vlserve.testing.tiny import VISION_MODELS as TINY_VISION_MODELS
 from vlserve.router.args import RouterArgs
 from vlserve.server.args import ServerArgs
 
@@ -82,8 +82,8 @@ def _run(argv: list[str] | None) -> int:
     if args.command == "generate":
         return _generate(args, _checked(EngineArgs, args, commands["generate"]))
     if args.command == "make-tiny-model":
-        from vlserve.model.tiny import TinyModelSpec
-        from vlserve.model.tiny_architectures import DEFAULT_TEXT_VISION, make_tiny_checkpoint
+        from vlserve.testing.tiny import TinyModelSpec
+        from vlserve.testing.tiny_architectures import DEFAULT_TEXT_VISION, make_tiny_checkpoint
         text, vision = DEFAULT_TEXT_VISION.get(args.arch, ("llama", "clip"))
         spec = TinyModelSpec(text=args.text or text, vision=args.vision or vision)
         print(make_tiny_checkpoint(args.dir, args.arch, seed=args.seed, spec=spec, layout=args.layout))

@@ -101,7 +101,7 @@ def report(questions: list[LlavaQuestion], answers: list[Answer], wall_s: float,
            "errors": sum(a.error is not None for a in answers)}
     graded = [(q, a) for q, a in zip(questions, answers) if q.answer is not None]
     if graded:
-        from vlserve.builtin.evaluate import is_correct
+        from vlserve.builtin.answers import is_correct
 
         right = [is_correct(q.category or "", a.text, q.answer) for q, a in graded]  # captions: shape/colour pairs
         out["accuracy"] = round(sum(right) / len(right), 4)

@@ -2,7 +2,7 @@
 
 import os
 
-from vlserve.model.tiny import TinyModelSpec, make_tiny_model
+from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
 # The reference configuration of the benchmark issue (measured there against transformers and
 # vLLM-CPU): Llama hidden 1024, 8 layers, 16 heads, 4 KV heads, intermediate 2816, vocab 4000;

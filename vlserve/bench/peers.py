@@ -137,7 +137,7 @@ def vllm_python(venv: str = DEFAULT_VLLM_VENV) -> str | None:
 
 def llava_hf_copy(model_dir: str, cache_root: str) -> str:
     """A copy of the checkpoint in the published llava-hf key layout (what vLLM reads), made once."""
-    from vlserve.model.tiny import rewrite_to_llava_hf_layout
+    from vlserve.testing.tiny import rewrite_to_llava_hf_layout
 
     dest = os.path.join(cache_root, os.path.basename(os.path.normpath(model_dir)) + "-llava-hf")
     if not os.path.exists(os.path.join(dest, ".done")):

@@ -9,7 +9,7 @@ FLOPs that had to be computed — an ideal cache computes each distinct prompt p
   LLaVA reads (patch conv, 2 x linear parameters per token, attention 4 x tokens x hidden per token per
   layer) and the projector.
 
-GEMM peak: the fastest of F.linear and the CPU GEMM path (cpu_gemm.CpuLinear) on a prefill-sized
+GEMM peak: the fastest of F.linear and the CPU GEMM path (cpu/gemm.py, CpuLinear) on a prefill-sized
 GEMM (rows x 1024 -> 2816, BENCH_SPEC's MLP), with the caller's torch threads. Used by
 benchmarks/roofline.py and recorded by benchmarks/workloads.py around every workload.
 """
@@ -22,7 +22,7 @@ from torch import nn
 
 from vlserve.bench.client import Job
 from vlserve.bench.own_thread import on_own_thread
-from vlserve.model.cpu_gemm import CpuLinear
+from vlserve.cpu.gemm import CpuLinear
 from vlserve.model.vision import kept_layers
 
 PEAK_ROWS = 2048

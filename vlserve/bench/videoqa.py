@@ -158,7 +158,7 @@ def answer_record(q: Question, video: str, a: Answer) -> dict:
 
 
 def _is_correct(q: Question, text: str) -> bool:
-    from vlserve.builtin.evaluate import is_correct, normalise
+    from vlserve.builtin.answers import is_correct, normalise
 
     if q.qtype:
         return is_correct(q.qtype, text, q.reference)

@@ -18,10 +18,10 @@ from typing import Callable
 
 import torch.multiprocessing as mp
 
+from vlserve.cpu.threads import usable_cores
 from vlserve.distributed.group import GroupSpec, default_backend, join, leave, resolve_init_addr
 from vlserve.distributed.step_message import broadcast
 from vlserve.distributed.worker import WorkerConfig, exchange_ready, worker_main
-from vlserve.model.cpu_threads import usable_cores
 from vlserve.model.tensor_parallel import TPContext, shard_model
 
 log = logging.getLogger(__name__)

@@ -14,11 +14,11 @@ import torch
 import torch.distributed as dist
 
 from vlserve.cache.vision_cache import VisionEmbeddingCache
+from vlserve.cpu.threads import configure_compute_threads
 from vlserve.distributed.group import GroupSpec, join, leave
 from vlserve.distributed.step_message import image_embeds, receive, replay_vision
 from vlserve.memory.kv_pool import KVPool
 from vlserve.model.attention import AttentionBackend
-from vlserve.model.cpu_threads import configure_compute_threads
 from vlserve.model.loader import load_model
 from vlserve.model.tensor_parallel import TPContext, kv_heads_per_rank, shard_model
 

@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 class ComputeThread:
     def __init__(self, name: str):
-        self._threads = torch.get_num_threads()  # what the engine configured (cpu_threads.py), set on the thread too
+        self._threads = torch.get_num_threads()  # what the engine configured (cpu/threads.py), set on the thread too
         self._jobs: queue.SimpleQueue[tuple[Callable[[], object], Future | None]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()

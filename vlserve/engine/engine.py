@@ -20,6 +20,9 @@ from vlserve.constrained import CompileBudget, CompileWorkers, ConstraintCompile
 from vlserve.core.config import EngineArgs, MemoryConfig, SchedulerConfig, pick
 from vlserve.core.errors import EngineBusy
 from vlserve.core.request import Req, StepOutput
+from vlserve.cpu.allocator import keep_freed_memory
+from vlserve.cpu.prefault import prefault_for_serving
+from vlserve.cpu.threads import configure_compute_threads, media_workers
 from vlserve.engine.compute_thread import ComputeThread
 from vlserve.engine.loop import EngineLoop, step
 from vlserve.engine.output import OutputAssembler
@@ -35,9 +38,6 @@ from vlserve.model.tensor_parallel import check_shardable, kv_heads_per_rank
 from vlserve.model.builtin import builtin_model_path
 from vlserve.model.hub import resolve_model_path
 from vlserve.model.loader import load_model
-from vlserve.model.cpu_allocator import keep_freed_memory
-from vlserve.model.cpu_prefault import prefault_for_serving
-from vlserve.model.cpu_threads import configure_compute_threads, media_workers
 from vlserve.preprocess import DEFAULT_NUM_FRAMES, MediaLimits, ProcessedImageCache
 from vlserve.runner.model_runner import ModelRunner
 from vlserve.scheduler.finish import FinishChecker
@@ -56,7 +56,7 @@ class Engine:
             threads_per_rank(args.tp_size, args.nnodes) if args.tp_size > 1 else None))
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if device == "cpu":
-            keep_freed_memory()  # before the engine's threads first allocate (model/cpu_allocator.py)
+            keep_freed_memory()  # before the engine's threads first allocate (cpu/allocator.py)
         # Everything below runs on the thread that will run the model (compute_thread.py): the
         # loading, the pool, and then the loop.
         self._compute = ComputeThread("vlserve-engine")

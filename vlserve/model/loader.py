@@ -16,8 +16,8 @@ import torch
 from safetensors import safe_open
 
 from vlserve.core.errors import CheckpointError
+from vlserve.cpu.gemm import native_bf16, native_fp16, use_cpu_gemm
 from vlserve.model.config import ModelConfig, parse_dtype
-from vlserve.model.cpu_gemm import native_bf16, native_fp16, use_cpu_gemm
 from vlserve.model.families import Family, family_for
 from vlserve.model.llava import LlavaForServing
 from vlserve.model.vision import unused_checkpoint_key

@@ -1,4 +1,4 @@
-"""What the checkpoint writers share — the tiny test checkpoints (model/tiny.py) and the built-in
+"""What the checkpoint writers share — the tiny test checkpoints (testing/tiny.py) and the built-in
 model (builtin/): LLaVA's special tokens, the LLaVA-1.5 chat template, a trained byte-level BPE
 wrapped as a transformers tokenizer, and CLIP's and SigLIP's image-processor settings."""
 

@@ -8,17 +8,23 @@ growing to hold a 1,334-row prefill's activations and 3.5 K its KV slots' pages;
 
 So the engine, on the CPU, touches two bounded regions before it serves:
 - the heap: one block the size of a chunk's activations (`activation_bytes`), written and freed.
-  With cpu_allocator.keep_freed_memory in force glibc keeps it, and later activations reuse its pages;
+  With allocator.keep_freed_memory in force glibc keeps it, and later activations reuse its pages;
 - the KV pool's first PREFAULT_KV_CHUNKS chunks of slots in every layer: the slot allocator hands out
   the lowest free slots first, so they are the first requests' (the rest of a large pool stays
   untouched and costs no resident memory, as kv_pool.py intends).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 
-from vlserve.memory.kv_pool import KVPool
-from vlserve.model.config import TextConfig
-from vlserve.model.cpu_allocator import KEEP_BELOW, keep_freed_memory
+from vlserve.cpu.allocator import KEEP_BELOW, keep_freed_memory
+
+if TYPE_CHECKING:  # only named in annotations: this package sits below memory/ and model/
+    from vlserve.memory.kv_pool import KVPool
+    from vlserve.model.config import TextConfig
 
 PREFAULT_KV_CHUNKS = 4  # chunks of slots touched in every layer's K and V at start
 ACTIVATION_MARGIN = 2  # the block is this many times one chunk's largest live activations

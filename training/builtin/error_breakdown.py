@@ -1,7 +1,7 @@
 """Where the built-in model's counts and captions go wrong: accuracy split by the number of shapes, the
 smallest shape's size and whether one shape covers part of another.
 
-    python -m vlserve.builtin.error_breakdown --model DIR --questions 600 --seed 777 [--show-wrong]
+    python -m training.builtin.error_breakdown --model DIR --questions 600 --seed 777 [--show-wrong]
 
 Each scene drawn by the training generator (with a held-out seed) is asked one of its count and one
 of its caption questions, through transformers; the table is what chose run 6's 96-px input.
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vlserve.builtin import evaluate, scenes
+from training.builtin import evaluate
+from vlserve.builtin import scenes
 
 SMALL = 0.25  # a shape whose bounding square is under this share of the view's side
 OVERLAP = 0.98  # a shape with less than this share of its own mask visible is partly covered

@@ -1,8 +1,8 @@
 """Train the built-in LLaVA-format model from scratch on generated scenes, on a CPU.
 
-    python -m vlserve.builtin.train --out DIR --seed 0 --minutes 80          # from scratch
-    python -m vlserve.builtin.train --out DIR --init vlserve/builtin_model --minutes 60   # warm start
-    python -m vlserve.builtin.train --out DIR --seed 0 --steps N    # a fixed length, fully deterministic
+    python -m training.builtin.train --out DIR --seed 0 --minutes 80          # from scratch
+    python -m training.builtin.train --out DIR --init vlserve/builtin_model --minutes 60   # warm start
+    python -m training.builtin.train --out DIR --seed 0 --steps N    # a fixed length, fully deterministic
 
 The model is transformers' `LlavaForConditionalGeneration` (CLIP vision tower, two-layer MLP
 projector, Llama decoder with grouped-query attention), saved with `save_pretrained`, so the
@@ -69,11 +69,11 @@ from transformers import (
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
 from vlserve.builtin import scenes
-from vlserve.builtin.attention_targets import (
+from training.builtin.attention_targets import (
     KEYWORD_LAYER, RETRIEVAL_LAYER, AttentionBatch, AttentionTarget, Turn, turn_targets,
 )
-from vlserve.builtin.tokenizer import BUILTIN_CHAT_TEMPLATE, IMAGE, train_tokenizer
-from vlserve.model.checkpoint_tools import clip_image_processor_kwargs
+from training.builtin.tokenizer import BUILTIN_CHAT_TEMPLATE, IMAGE, train_tokenizer
+from vlserve.testing.checkpoint_tools import clip_image_processor_kwargs
 
 IMAGE_SIZE = 96  # the shipped checkpoint's input (run 6); 64 px (16 tokens) lost small shapes' counts and captions
 

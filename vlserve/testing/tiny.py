@@ -3,14 +3,14 @@
 `vlserve make-tiny-model DIR [--arch llava] [--text llama|mistral|qwen2] [--vision clip|siglip]`
 writes config.json, safetensors weights, a byte-level BPE tokenizer trained here with the
 `tokenizers` library (with `<image>` and a chat template), and the processor configs, in a second
-or two. Nothing is downloaded. model/tiny_architectures.py maps each --arch to the function that writes it.
+or two. Nothing is downloaded. testing/tiny_architectures.py maps each --arch to the function that writes it.
 """
 
 import json
 import os
 from dataclasses import dataclass
 
-from vlserve.model.checkpoint_tools import (
+from vlserve.testing.checkpoint_tools import (
     BOS, EOS, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, PAD, UNK, clip_image_processor_kwargs, llava_tokenizer,
     siglip_image_processor_kwargs,
 )
@@ -55,7 +55,7 @@ class TinyModelSpec:
 
 def train_tokenizer(vocab_size: int, extra_text: str = ""):
     """A byte-level BPE with the LLaVA special tokens, trained on a small corpus in well under a second."""
-    from vlserve.model.bpe import train_byte_level_bpe
+    from vlserve.testing.bpe import train_byte_level_bpe
 
     return llava_tokenizer(train_byte_level_bpe([_CORPUS, extra_text], vocab_size, SPECIAL_TOKENS), 4096)
 
@@ -163,7 +163,7 @@ def write_processor_files(out_dir: str, image_processor: dict, processor: dict) 
 def make_tiny_model(out_dir: str, seed: int = 0, spec: TinyModelSpec | None = None,
                     layout: str = "transformers", max_shard_size: str | None = None) -> str:
     """Writes a random LlavaForConditionalGeneration checkpoint (other architectures:
-    model/tiny_architectures.py)."""
+    testing/tiny_architectures.py)."""
     return make_tiny_llava(out_dir, seed, spec or TinyModelSpec(), layout, max_shard_size)
 
 

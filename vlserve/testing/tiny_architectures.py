@@ -3,8 +3,8 @@
 Importing this module loads neither torch nor transformers (the CLI reads its choices from it).
 """
 
-from vlserve.model import tiny_anyres
-from vlserve.model.tiny import TinyModelSpec, make_tiny_llava
+from vlserve.testing import tiny_anyres
+from vlserve.testing.tiny import TinyModelSpec, make_tiny_llava
 
 
 def _anyres(write):

@@ -2,7 +2,7 @@
 
 The English side is what any Python install carries: the docstrings of the standard library and the
 licence texts under /usr/share/common-licenses, so chat prompts that are not about shapes still
-tokenize into sensible pieces. The chat template is LLaVA-1.5's (model/checkpoint_tools.py) with
+tokenize into sensible pieces. The chat template is LLaVA-1.5's (testing/checkpoint_tools.py) with
 one change: the generation prompt ends "ASSISTANT: " (with the space), and answers are tokenized
 on their own after it, so the first answer token is a bare word ("Red") and decoded answers carry
 no leading space. The scene corpus therefore holds answers as separate texts, which gives the
@@ -19,8 +19,8 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerFast
 
 from vlserve.builtin import scenes
-from vlserve.model.bpe import train_byte_level_bpe
-from vlserve.model.checkpoint_tools import BOS, EOS, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, PAD, llava_tokenizer
+from vlserve.testing.bpe import train_byte_level_bpe
+from vlserve.testing.checkpoint_tools import BOS, EOS, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, PAD, llava_tokenizer
 
 IMAGE = IMAGE_TOKEN
 SPECIAL_TOKENS = [BOS, EOS, PAD, IMAGE]

@@ -1,24 +1,20 @@
 """Accuracy of a model on freshly generated scene questions, per question type.
 
-    python -m vlserve.builtin.evaluate --model vlserve/builtin_model --n 500 --seed 12345
-    python -m vlserve.builtin.evaluate --backend vlserve            # through vlserve's Engine
-    python -m vlserve.builtin.evaluate --blank                      # every image replaced by a blank one
-    python -m vlserve.builtin.evaluate --kind outside               # pictures with no known shape
-    python -m vlserve.builtin.evaluate --kind image --shots 2       # two worked examples before each question
+    python -m training.builtin.evaluate --model vlserve/builtin_model --n 500 --seed 12345
+    python -m training.builtin.evaluate --backend vlserve            # through vlserve's Engine
+    python -m training.builtin.evaluate --blank                      # every image replaced by a blank one
+    python -m training.builtin.evaluate --kind outside               # pictures with no known shape
+    python -m training.builtin.evaluate --kind image --shots 2       # two worked examples before each question
 
 A backend is any `generate_fn(prompts, images) -> answers`: `prompts[i]` is the chat-templated text
 with one `<image>` per image (a video is its frames, one `<image>` each) and `images[i]` the PIL images
-for it, in order. Decoding is greedy. An answer is right when it equals the reference after
-normalisation (case, final full stop, a leading article or "on/at/in the", number words, "color",
-"center"); a caption is right when it names every shape with its colour, as many times as it is
-there ("two red circles" counts two), and names no shape that is not there.
+for it, in order. Decoding is greedy. Answers are scored by vlserve/builtin/answers.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import re
 from collections import Counter
 from dataclasses import dataclass
 from itertools import groupby
@@ -28,16 +24,13 @@ from typing import Callable
 from PIL import Image
 
 from vlserve.builtin import scenes
+from vlserve.builtin.answers import is_correct
+from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
 GenerateFn = Callable[[list[str], list[list[Image.Image]]], list[str]]
 
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "builtin_model"
+DEFAULT_MODEL = BUILTIN_MODEL_DIR
 MAX_NEW_TOKENS = 24
-_NUMBERS = {word: str(n) for n, word in scenes.NUMBER_WORDS.items()} | {"zero": "0", "no": "0"}
-_PAIR = re.compile(r"\b(?:(a|an|one|two|three|four)\s+)?(" + "|".join(scenes.COLOURS) + r")\s+("
-                   + "|".join(scenes.SHAPES) + r")s?\b")
-_FILLER = re.compile(r"^(?:(?:it is|it's|there (?:is|are)|on the|at the|in the|an|a)\s+)+")
-_CANNOT_TELL = scenes.CANNOT_TELL.lower().rstrip(".")
 QTYPE_GROUPS = (("image", scenes.IMAGE_QTYPES), ("video", scenes.VIDEO_QTYPES),
                 ("outside", (scenes.OUTSIDE_QTYPE,)))
 
@@ -64,28 +57,6 @@ class Report:
             if len(present) > 1:
                 lines.append(f"{group + ' overall':<14} {self.overall(present):>8.1%} {sum(self.total[q] for q in present):>5}")
         return "\n".join(lines)
-
-
-def normalise(text: str) -> str:
-    text = text.strip().lower().replace("color", "colour").replace("center", "centre")
-    text = re.sub(r"\s+", " ", text).rstrip(".!")
-    if text != _CANNOT_TELL:
-        text = _FILLER.sub("", text)
-    return _NUMBERS.get(text, text)
-
-
-def caption_pairs(text: str) -> Counter:
-    """(colour, shape) -> how many the text names."""
-    out: Counter = Counter()
-    for number, colour, shape in _PAIR.findall(text.strip().lower()):
-        out[(colour, shape)] += int(_NUMBERS.get(number, "1"))
-    return out
-
-
-def is_correct(qtype: str, prediction: str, reference: str) -> bool:
-    if qtype == "caption":
-        return caption_pairs(prediction) == caption_pairs(reference)
-    return normalise(prediction) == normalise(reference)
 
 
 def prompt_for(question: str, n_images: int, tokenizer) -> str:

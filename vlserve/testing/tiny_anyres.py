@@ -6,10 +6,10 @@ and NeXT-Video's likewise. torch and transformers are imported only when a check
 import os
 from dataclasses import replace
 
-from vlserve.model.checkpoint_tools import IMAGE_TOKEN, clip_image_processor_kwargs
+from vlserve.testing.checkpoint_tools import IMAGE_TOKEN, clip_image_processor_kwargs
 
 VIDEO_TOKEN = "<video>"
-from vlserve.model.tiny import TinyModelSpec, build_hf_config, train_tokenizer, write_processor_files
+from vlserve.testing.tiny import TinyModelSpec, build_hf_config, train_tokenizer, write_processor_files
 
 # LLaVA-NeXT's default pinpoints (336 px tiles: 1x2, 2x1, 2x2, 1x3, 3x1), in tiles of the tiny tower
 GRID_TILES = ((1, 2), (2, 1), (2, 2), (3, 1), (1, 3))
