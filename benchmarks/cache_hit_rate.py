@@ -3,7 +3,7 @@
     python benchmarks/cache_hit_rate.py [--spec small|bench] [--policy lpm] [--out benchmarks/results/cache_hit_rate.md]
 
 hit rate = Σ cached_tokens / Σ prompt tokens (meta_info); optimum = (Σ prompt − union trie of the
-requests' token ids, pseudo-token ids for images) / Σ prompt (vlserve.bench.workloads.optimal_hit_rate).
+requests' token ids, pseudo-token ids for images) / Σ prompt (vlserve.bench.workload_defs.optimal_hit_rate).
 Target: hit rate >= 99% of the optimum on each workload.
 
 Where the engine computes more than the union trie, the excess is attributed request by request:
@@ -25,7 +25,7 @@ import sys
 import threading
 from collections import defaultdict
 
-from vlserve.bench import workloads as W
+from vlserve.bench import workload_defs as W
 from vlserve.bench.client import Job
 from vlserve.bench.models import BENCH_SPEC, SMALL_SPEC, bench_model
 from vlserve.bench.report import write_report

@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from vlserve.bench.report import write_report
-from vlserve.bench.workloads import video_mp4
+from vlserve.bench.workload_defs import video_mp4
 from vlserve.preprocess import ImageProcessing, ProcessedImageCache, prepare_image, prepare_video
 
 PROCESSING = ImageProcessing(shortest_edge=336, crop_size=(336, 336))

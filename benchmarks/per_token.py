@@ -8,8 +8,11 @@ Configurations (same checkpoint, same threads, same requests):
 - after-bf16:  the same in bf16 (bf16 weights and KV pool)
 - after-no-small-gemm: `after` without the small-row GEMM kernel (oneDNN / MKL at every size): what
   the kernel adds, in the same run
-- after-no-fused: `after` with the decoder's norms, rotary and SiLU·mul as eager PyTorch instead of
-  the fused kernels (kernels/csrc/fused_cpu.cpp)
+- after-no-fused: `after` with the decoder's norms, rotary, SiLU·mul and KV stores as eager PyTorch
+  instead of the fused kernels (kernels/csrc/fused_cpu.cpp)
+
+Each configuration is a KernelConfig (vlserve/core/config.py) given to load_model: the switches
+`vlserve serve --disable-cpu-gemm / --disable-small-gemm / --disable-fused-ops` set.
 
 Each run drives the ModelRunner directly (no scheduler): B requests of --prompt new tokens each
 (half of them behind a cached prefix of --prefix tokens when --prefix > 0), prefilled in one
@@ -25,7 +28,6 @@ gives medians and after/before ratios from the same run.
 """
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -39,30 +41,15 @@ from vlserve.core.forward_batch import ExtendSlice, build_forward_batch
 from vlserve.runner.model_runner import ModelRunner
 from vlserve.model.loader import load_model
 from vlserve.bench.report import write_report
-from vlserve.kernels import small_gemm
-from vlserve.model import llama
+from vlserve.core.config import KernelConfig
 
 CONFIGS = {
-    "before": {"cpu_gemm": False, "attention": "reference", "dtype": "float32", "fused": False},
-    "after": {"cpu_gemm": True, "attention": "torch", "dtype": "float32"},
-    "after-bf16": {"cpu_gemm": True, "attention": "torch", "dtype": "bfloat16"},
-    "after-no-small-gemm": {"cpu_gemm": True, "attention": "torch", "dtype": "float32", "small_gemm": False},
-    "after-no-fused": {"cpu_gemm": True, "attention": "torch", "dtype": "float32", "fused": False},
+    "before": {"kernels": KernelConfig(cpu_gemm=False, fused_ops=False), "attention": "reference", "dtype": "float32"},
+    "after": {"kernels": KernelConfig(), "attention": "torch", "dtype": "float32"},
+    "after-bf16": {"kernels": KernelConfig(), "attention": "torch", "dtype": "bfloat16"},
+    "after-no-small-gemm": {"kernels": KernelConfig(small_gemm=False), "attention": "torch", "dtype": "float32"},
+    "after-no-fused": {"kernels": KernelConfig(fused_ops=False), "attention": "torch", "dtype": "float32"},
 }
-
-
-@contextlib.contextmanager
-def kernels_enabled(small: bool, fused: bool):
-    """Our small-row GEMM and fused elementwise kernels switched off (their documented fallbacks)."""
-    saved = small_gemm.small_linear_op, llama.fused_op
-    if not small:
-        small_gemm.small_linear_op = lambda: None
-    if not fused:
-        llama.fused_op = lambda x: None
-    try:
-        yield
-    finally:
-        small_gemm.small_linear_op, llama.fused_op = saved
 
 
 class Harness:
@@ -70,9 +57,7 @@ class Harness:
 
     def __init__(self, model_dir: str, config: dict, max_batch: int, context: int, clock=time.perf_counter):
         self.clock = clock
-        self.small_gemm = config.get("small_gemm", True)
-        self.fused = config.get("fused", True)
-        loaded = load_model(model_dir, dtype=config["dtype"], cpu_gemm=config["cpu_gemm"])
+        loaded = load_model(model_dir, dtype=config["dtype"], kernels=config["kernels"])
         self.runner = ModelRunner.standalone(loaded, max_total_tokens=max_batch * context + 64,
                                              max_running_requests=max_batch + 1, context_length=context,
                                              attention_backend=config["attention"])
@@ -139,14 +124,12 @@ def main():
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     harnesses = {n: Harness(model_dir, CONFIGS[n], max(args.batches), context, clock) for n in names}
     for h in harnesses.values():  # warm-up: first calls build kernels and oneDNN primitives
-        with kernels_enabled(h.small_gemm, h.fused):
-            h.run(2, 16, 8, 2, seed=99)
+        h.run(2, 16, 8, 2, seed=99)
     results = {n: {b: {"prefill": [], "decode": []} for b in args.batches} for n in names}
     for rep in range(args.repeats):
         for b in args.batches:
             for n in (names if rep % 2 == 0 else names[::-1]):
-                with kernels_enabled(harnesses[n].small_gemm, harnesses[n].fused):
-                    prefill, decode = harnesses[n].run(b, args.prompt, args.prefix, args.steps, seed=rep)
+                prefill, decode = harnesses[n].run(b, args.prompt, args.prefix, args.steps, seed=rep)
                 results[n][b]["prefill"].append(b * args.prompt / prefill)
                 results[n][b]["decode"].append(b * args.steps / decode)
                 print(f"rep {rep} B={b} {n}: prefill {results[n][b]['prefill'][-1]:.0f} tok/s, "

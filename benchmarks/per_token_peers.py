@@ -33,11 +33,11 @@ import torch
 from vlserve.bench.client import Job
 from vlserve.bench.models import BENCH_SPEC, bench_model
 from vlserve.bench.peers import run_transformers, run_vllm
-from vlserve.bench.report import write_report
-from vlserve.bench.workloads import WORDS
+from vlserve.bench.report import machine, write_report
+from vlserve.bench.workload_defs import WORDS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workloads import machine, run_vlserve  # noqa: E402  (the workload harness's vlserve runner)
+from workloads import run_vlserve  # noqa: E402  (the workload harness's vlserve runner)
 
 SYSTEMS = ("vlserve-lpm", "vllm", "transformers")
 

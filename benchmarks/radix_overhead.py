@@ -20,7 +20,7 @@ import threading
 import time
 from collections import defaultdict
 
-from vlserve.bench import workloads as W
+from vlserve.bench import workload_defs as W
 from vlserve.bench.models import BENCH_SPEC, SMALL_SPEC, bench_model
 from vlserve.bench.report import write_report
 

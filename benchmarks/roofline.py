@@ -1,5 +1,5 @@
 """How close a workload gets to the CPU's GEMM roofline (the FLOPs that had to be computed over the
-wall time, against the GEMM peak measured in the same run; vlserve/bench/roofline.py defines both).
+wall time, against the GEMM peak measured in the same run; vlserve/bench/flops.py defines both).
 
 Two modes:
 - one workload through vlserve's offline Engine (one timed batch after a warm-up request, as
@@ -17,7 +17,6 @@ Two modes:
     python benchmarks/roofline.py --results benchmarks/results/issue15_fp32_final --out benchmarks/results/roofline_all.md
 """
 
-import argparse
 import glob
 import json
 import os
@@ -25,11 +24,12 @@ import time
 
 import torch
 
-from vlserve.bench import workloads as W
-from vlserve.bench.client import EngineClient, Job
+from vlserve.bench import workload_defs as W
+from vlserve.bench.client import EngineClient
 from vlserve.bench.models import BENCH_SPEC, bench_model
-from vlserve.bench.report import write_report
-from vlserve.bench.roofline import PEAK_ROWS, gemm_peak, required_flops
+from vlserve.bench.harness import bench_parser, threads_from, warm_up
+from vlserve.bench.report import provenance, write_report
+from vlserve.bench.flops import PEAK_ROWS, gemm_peak, required_flops
 
 
 def one_workload(args) -> str:
@@ -42,7 +42,7 @@ def one_workload(args) -> str:
     with Engine(model_dir, num_threads=args.threads, dtype=args.dtype, video_frames=8) as engine:
         flops = required_flops(engine, jobs)
         client = EngineClient(engine)
-        client.generate([Job("USER: warm up the engine ASSISTANT:", max_new_tokens=2, ignore_eos=True)])
+        warm_up(client)
         start = time.monotonic()
         client.generate(jobs)
         wall = time.monotonic() - start
@@ -76,7 +76,7 @@ def from_results(args) -> str:
         raise SystemExit(f"no workloads.py results (<workload>.json) in {args.results}")
     model_dir = args.model or bench_model("/tmp/vlserve-bench-models/bench", BENCH_SPEC)
     lines = [f"Roofline of every system in `{args.results}` ({results[0].get('meta', {}).get('command', '?')}); "
-             "FLOPs that had to be computed (vlserve/bench/roofline.py) over each system's wall time, against the "
+             "FLOPs that had to be computed (vlserve/bench/flops.py) over each system's wall time, against the "
              f"GEMM peak ({PEAK_ROWS}x1024x2816, in the run's dtype: {results[0].get('dtype', 'float32')}) that workloads.py "
              "measured before and after the workload in that run; each share is held to the higher of the two. "
              "Where recorded, the peak was also sampled just before and just after each system's run (for vlserve "
@@ -109,18 +109,17 @@ def from_results(args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None):
+    ap = bench_parser(__doc__, out="benchmarks/results/roofline.md")
     ap.add_argument("--workload", default="questions_per_image", choices=list(W.WORKLOADS))
     ap.add_argument("--results", help="a workloads.py --out folder: the roofline share of every system in it")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="with --workload")
     ap.add_argument("--peak-rows", type=int, default=PEAK_ROWS)
     ap.add_argument("--model")
-    ap.add_argument("--out", default="benchmarks/results/roofline.md")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    write_report(args.out, from_results(args) if args.results else one_workload(args))
+    args = ap.parse_args(argv)
+    threads_from(args)
+    text = from_results(args) if args.results else one_workload(args)
+    write_report(args.out, provenance(argv) + "\n\n" + text)
 
 
 if __name__ == "__main__":

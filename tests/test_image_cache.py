@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlserve.bench.workloads import video_mp4
+from vlserve.bench.workload_defs import video_mp4
 from vlserve.preprocess import ImageProcessing, MediaError, MediaLimits, prepare_image, prepare_video
 from vlserve.preprocess import image_cache
 from vlserve.preprocess.image_cache import ProcessedImageCache

@@ -49,11 +49,9 @@ def _shortest_allowed_sampler(tokenizer):
 @pytest.fixture(scope="module")
 def jumped(model_dir):
     """Runs the constrained request with byte-level picks; returns (engine, full sequence, rewinds)."""
-    import vlserve.runner.sample_step as sample_step
-
     engine = Engine(model_dir, max_total_tokens=4096)
-    real = sample_step.sample
-    sample_step.sample = _shortest_allowed_sampler(engine.tokenizer)
+    real = engine.runner.sampler
+    engine.runner.sampler = _shortest_allowed_sampler(engine.tokenizer)  # for this request only
     rewinds = []
     cm = engine.scheduler.cm
     real_rewind = cm.rewind
@@ -62,7 +60,7 @@ def jumped(model_dir):
         out = engine.generate(prompt=PROMPT, sampling_params={"json_schema": json.dumps(SCHEMA), "max_new_tokens": 96})
         assert engine.wait_idle()
     finally:
-        sample_step.sample = real
+        engine.runner.sampler = real
         cm.rewind = real_rewind
     prompt_ids = engine.make_request(prompt=PROMPT).input_ids
     yield engine, out, prompt_ids + out["output_ids"], rewinds

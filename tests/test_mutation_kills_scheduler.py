@@ -5,7 +5,7 @@ the mutation run on vlserve/scheduler/scheduler.py: benchmarks/results/mutation_
 
 import dataclasses
 import logging
-import types
+import time
 
 import torch
 
@@ -16,20 +16,19 @@ from vlserve.core.sampling_params import SamplingParams
 from vlserve.core.step import SampledToken, StepResult
 from vlserve.memory.pools import KVMemory, KVShape
 from vlserve.metrics import Metrics
-from vlserve.scheduler import scheduler as scheduler_module
 from vlserve.scheduler.finish import FinishChecker
 from vlserve.scheduler.scheduler import Scheduler
 
 TOKEN = 7  # what the stub runner samples; EOS is 0
 
 
-def scheduler(capacity: int = 64, context_len: int = 32, **overrides) -> Scheduler:
+def scheduler(capacity: int = 64, context_len: int = 32, clock=time.monotonic, **overrides) -> Scheduler:
     memory = KVMemory.create(KVShape(1, 1, 4, torch.float32), MemoryConfig(
         max_total_tokens=capacity, page_size=1, max_running_requests=4, context_length=context_len))
     cfg = SchedulerConfig(schedule_policy="fcfs", disable_radix_cache=False, chunked_prefill_size=16,
                           max_running_requests=4, new_token_ratio=0.5, max_wait_steps=8, prefix_share_threshold=0,
                           disable_jump_forward=False, log_requests=False, request_timeout=None)
-    return Scheduler(memory, dataclasses.replace(cfg, **overrides), Metrics(), FinishChecker(None, (0,)))
+    return Scheduler(memory, dataclasses.replace(cfg, **overrides), Metrics(), FinishChecker(None, (0,)), clock=clock)
 
 
 def submit(s: Scheduler, rid: str, prompt_len: int, max_new_tokens: int = 4, first_id: int = 100) -> tuple[Req, list]:
@@ -144,9 +143,8 @@ def test_a_request_past_the_timeout_is_aborted_with_504():
     assert new.finish_reason is None and new in s.running
 
 
-def test_the_timeout_ends_only_requests_older_than_it(monkeypatch):
-    monkeypatch.setattr(scheduler_module, "time", types.SimpleNamespace(monotonic=lambda: 1000.0))
-    s = scheduler(request_timeout=30.0)
+def test_the_timeout_ends_only_requests_older_than_it():
+    s = scheduler(request_timeout=30.0, clock=lambda: 1000.0)
     exactly, _ = submit(s, "exactly", 5)
     older, _ = submit(s, "older", 5, first_id=300)
     exactly.arrival_time, older.arrival_time = 970.0, 969.5

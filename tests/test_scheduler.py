@@ -147,10 +147,8 @@ def test_requests_wait_for_a_shared_prefix_still_in_chunked_prefill(model_dir):
     engine.scheduler.cm.check_idle_accounting()
 
 
-def test_a_sampling_failure_fails_only_its_own_request(model_dir, monkeypatch):
-    import vlserve.runner.sample_step as sample_step
-
-    real_sample = sample_step.sample
+def test_a_sampling_failure_fails_only_its_own_request(model_dir):
+    from vlserve.sampling.sampler import sample as real_sample
 
     def sample_failing_on_top_k_7(logits, params, generators):
         if any(p.top_k == 7 for p in params):
@@ -164,8 +162,8 @@ def test_a_sampling_failure_fails_only_its_own_request(model_dir, monkeypatch):
     engine.scheduler.add(alone)
     _finished_step(engine, alone)
 
-    monkeypatch.setattr(sample_step, "sample", sample_failing_on_top_k_7)
     engine = _stepped_engine(model_dir, schedule_policy="fcfs")
+    engine.runner.sampler = sample_failing_on_top_k_7
     good = engine.make_request(prompt=prompts[0], sampling_params=greedy)
     bad = engine.make_request(prompt=prompts[1], sampling_params={**greedy, "temperature": 0.7, "top_k": 7})
     outputs = {}

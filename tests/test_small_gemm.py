@@ -73,8 +73,7 @@ def test_cpu_linear_routes_small_batches_to_the_kernel(op, monkeypatch, packed):
     (AVX-512) only those under the packed path's PACKED_MIN_ROWS."""
     monkeypatch.setattr(cpu_gemm, "packed_weights_pay", lambda dtype: packed)
     monkeypatch.setattr(cpu_gemm, "decode_gemm_rows", lambda dtype: range(0))  # its rows: test_decode_gemm.py
-    layer = torch.nn.Linear(64, 48)
-    cpu_gemm.use_cpu_gemm(layer)
+    layer = cpu_gemm.use_cpu_gemm(torch.nn.Linear(64, 48))
     calls = []
     monkeypatch.setattr(small_gemm, "small_linear_op", lambda: (lambda *a: calls.append(a[0].shape[0]) or op(*a)))
     few = cpu_gemm.PACKED_MIN_ROWS[torch.float32] - 1

@@ -5,7 +5,7 @@ levelled off, and the server degrades to 503s under overload and recovers."""
 import httpx
 
 from server_helpers import start_server
-from vlserve.bench.soak import Soak, ramp
+from vlserve.bench.soak_driver import Soak, ramp
 
 SOAK_MINUTES = 1.5
 

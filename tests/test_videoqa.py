@@ -7,7 +7,7 @@ import pytest
 from vlserve import Engine
 from vlserve.bench.client import EngineClient
 from vlserve.bench.videoqa import main, read_items, run
-from vlserve.bench.workloads import write_videoqa_set
+from vlserve.bench.workload_defs import write_videoqa_set
 from vlserve.testing.tiny import make_tiny_model
 
 

@@ -15,7 +15,7 @@ import pytest
 from vlserve import Engine
 from vlserve.bench import videoqa
 from vlserve.bench.client import EngineClient
-from vlserve.bench.workloads import write_videoqa_set
+from vlserve.bench.workload_defs import write_videoqa_set
 from vlserve.testing.tiny import make_tiny_model
 
 WAIT_S = 15.0  # only a broken implementation ever waits this long (the per-video work is ~0.1 s)

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from vlserve.bench.videoqa import read_items
-from vlserve.bench.workloads import write_videoqa_set
+from vlserve.bench.workload_defs import write_videoqa_set
 
 MIN_KILLS = 8
 MAX_RUNS = 60

@@ -139,7 +139,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     questions_path, images_dir = args.questions, args.images
     if questions_path is None:
-        from vlserve.bench.workloads import write_llava_bench_set
+        from vlserve.bench.workload_defs import write_llava_bench_set
 
         folder = os.path.splitext(os.path.abspath(args.answers))[0] + ".synthetic"
         questions_path, images_dir = write_llava_bench_set(folder, images=args.synthetic_images, seed=args.seed)

@@ -201,6 +201,6 @@ def _vllm_env(threads: int) -> dict:
 
 
 if __name__ == "__main__":  # quick check: python -m vlserve.bench.peers MODEL_DIR
-    from vlserve.bench.workloads import questions_per_image
+    from vlserve.bench.workload_defs import questions_per_image
 
     print(run_transformers(sys.argv[1], questions_per_image(2, 2)))

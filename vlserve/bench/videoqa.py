@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     items = args.input
     if items is None:
-        from vlserve.bench.workloads import write_videoqa_set
+        from vlserve.bench.workload_defs import write_videoqa_set
 
         folder = os.path.splitext(os.path.abspath(args.output))[0] + ".synthetic"
         items = os.path.join(folder, "items.jsonl")

@@ -99,6 +99,11 @@ class EngineArgs(CLIArgs):
                                          "Grafana dashboards", METRICS_NAMES)
     log_requests: bool = _opt(False, "log every request's arrival and its end (ids, tokens, latency)")
     log_stats_interval: float = _opt(10.0, "seconds between the engine's throughput log lines while busy (0 = off)")
+    disable_cpu_gemm: bool = _opt(False, "CPU: plain F.linear (MKL) for every linear layer instead of the measured "
+                                         "GEMM paths (oneDNN, packed weights, the decode and small-row kernels)")
+    disable_small_gemm: bool = _opt(False, "CPU: no small-row GEMM kernel; those rows go to oneDNN / MKL")
+    disable_fused_ops: bool = _opt(False, "CPU: the decoder's norms, rotary, SiLU*mul and KV stores as eager "
+                                          "PyTorch instead of the fused kernels")
 
     # SGLang's and vLLM's names for the same options
     ALIASES = {"model": ["--model-path"], "tp_size": ["--tp", "--tensor-parallel-size"],
@@ -148,6 +153,20 @@ class SchedulerConfig:
     disable_jump_forward: bool
     log_requests: bool
     request_timeout: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelConfig:
+    """Which kernel paths the model is built with; all on by default. Each off switch takes the
+    path's documented fallback (same results), for comparisons and for tests of either side."""
+    cpu_gemm: bool = True  # CpuLinear on the CPU; off: nn.Linear (F.linear)
+    small_gemm: bool = True  # CpuLinear's small-row kernel; off: those rows go to oneDNN / MKL
+    fused_ops: bool = True  # fused norms, rotary, SiLU*mul and KV stores; off: eager PyTorch
+
+    @classmethod
+    def from_args(cls, args: "EngineArgs") -> "KernelConfig":
+        return cls(cpu_gemm=not args.disable_cpu_gemm, small_gemm=not args.disable_small_gemm,
+                   fused_ops=not args.disable_fused_ops)
 
 
 @dataclass(frozen=True, kw_only=True)

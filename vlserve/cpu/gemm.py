@@ -143,6 +143,18 @@ def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 class CpuLinear(nn.Linear):
     """nn.Linear with the measured CPU GEMM path; same parameters and state-dict keys."""
 
+    use_small_gemm = True  # KernelConfig.small_gemm: off, the small-row kernel's rows go to oneDNN / MKL
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, use_small_gemm: bool = True) -> "CpuLinear":
+        """A CpuLinear holding `linear`'s own parameters (shared, not copied: tied weights stay tied)."""
+        w = linear.weight
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta", dtype=w.dtype)
+        layer.weight, layer.bias = linear.weight, linear.bias
+        layer.train(linear.training)
+        layer.use_small_gemm = use_small_gemm
+        return layer
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_cpu or x.dim() == 0:
             return F.linear(x, self.weight, self.bias)
@@ -170,8 +182,9 @@ class CpuLinear(nn.Linear):
         if packs and rows >= PACKED_MIN_ROWS.get(dtype, 1 << 62) and packed_weights_pay(dtype):
             return "packed"
         if 0 < rows < SMALL_ROWS and dtype in (torch.float32, torch.bfloat16) and self.weight.dtype == dtype:
-            if small_gemm.small_linear_op() is not None and (dtype == torch.float32 or not native_bf16()):
-                return "small"
+            if self.use_small_gemm and small_gemm.small_linear_op() is not None:
+                if dtype == torch.float32 or not native_bf16():
+                    return "small"
         if dtype == torch.float32 and self.weight.dtype == torch.float32:
             if rows >= ONEDNN_MIN_ROWS:
                 return "onednn"
@@ -198,20 +211,22 @@ class CpuLinear(nn.Linear):
         return cached[1]
 
 
-def use_cpu_gemm(model: nn.Module) -> int:
-    """Switches every plain nn.Linear in `model` (decoder, projector, vision tower) to CpuLinear in
-    place, keeping its parameters; returns how many. A no-op without oneDNN."""
+def use_cpu_gemm(model: nn.Module, use_small_gemm: bool = True) -> nn.Module:
+    """Replaces every plain nn.Linear in `model` (decoder, projector, vision tower) by a CpuLinear
+    holding its parameters, then packs and warms them; returns the model (a bare nn.Linear: its
+    CpuLinear). A no-op without oneDNN."""
     if not torch.backends.mkldnn.is_available():
-        return 0
-    count = 0
-    for module in model.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = CpuLinear
-            count += 1
+        return model
+    if type(model) is nn.Linear:
+        model = CpuLinear.from_linear(model, use_small_gemm)
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if type(child) is nn.Linear:
+                setattr(parent, name, CpuLinear.from_linear(child, use_small_gemm))
     layers = [m for m in model.modules() if isinstance(m, CpuLinear)]
     pack_weights(layers)
     warm_onednn(layers)
-    return count
+    return model
 
 
 WARM_ROWS = 1024  # oneDNN's primitives are built at load for every padded row count up to this

@@ -17,6 +17,7 @@ from vlserve.cache.vision_cache import VisionEmbeddingCache
 from vlserve.cpu.threads import configure_compute_threads
 from vlserve.distributed.group import GroupSpec, join, leave
 from vlserve.distributed.step_message import image_embeds, receive, replay_vision
+from vlserve.core.config import KernelConfig
 from vlserve.memory.kv_pool import KVPool
 from vlserve.model.attention import AttentionBackend
 from vlserve.model.loader import load_model
@@ -34,11 +35,12 @@ class WorkerConfig:
     attention_backend: str
     vision_cache_mb: float
     num_threads: int
+    kernels: KernelConfig = KernelConfig()  # rank 0's, so every rank takes the same kernel paths
 
 
-def load_shard(path: str, dtype, device: str, tp: TPContext):
+def load_shard(path: str, dtype, device: str, tp: TPContext, kernels: KernelConfig = KernelConfig()):
     """The checkpoint loaded whole, then cut to this rank's share (the full copy is freed)."""
-    loaded = load_model(path, dtype=dtype, device=device)
+    loaded = load_model(path, dtype=dtype, device=device, kernels=kernels)
     shard_model(loaded.model, tp)
     return loaded
 
@@ -82,7 +84,7 @@ def worker_main(rank: int, spec: GroupSpec, parent_pid: int | None = None) -> No
 
 class _WorkerRuntime:
     def __init__(self, cfg: WorkerConfig, tp: TPContext, device: str):
-        self.loaded = load_shard(cfg.model_path, cfg.dtype, device, tp)
+        self.loaded = load_shard(cfg.model_path, cfg.dtype, device, tp, cfg.kernels)
         text = self.loaded.config.text
         self.kv = KVPool.create(text.num_layers, cfg.num_slots, kv_heads_per_rank(text.num_kv_heads, tp.size),
                                 text.head_dim, self.loaded.config.dtype, device)

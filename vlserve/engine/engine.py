@@ -17,7 +17,7 @@ from typing import AsyncIterator
 import torch
 
 from vlserve.constrained import CompileBudget, CompileWorkers, ConstraintCompiler
-from vlserve.core.config import EngineArgs, MemoryConfig, SchedulerConfig, pick
+from vlserve.core.config import EngineArgs, KernelConfig, MemoryConfig, SchedulerConfig, pick
 from vlserve.core.errors import EngineBusy
 from vlserve.core.request import Req, StepOutput
 from vlserve.cpu.allocator import keep_freed_memory
@@ -68,7 +68,7 @@ class Engine:
 
     def _build(self, args: EngineArgs, threads: int, device: str) -> None:
         path = resolve_model_path(args.model, args.revision) if args.model else builtin_model_path()
-        self.loaded = load_model(path, dtype=args.dtype, device=device)
+        self.loaded = load_model(path, dtype=args.dtype, device=device, kernels=KernelConfig.from_args(args))
         text = self.loaded.config.text
         if args.tp_size > 1:
             check_shardable(text.num_heads, text.num_kv_heads, text.intermediate_size, args.tp_size)
@@ -90,7 +90,8 @@ class Engine:
             self.tp_group = TensorParallelGroup.start(
                 group_spec(args.tp_size, args.nnodes, args.dist_init_addr, device), self.loaded,
                 WorkerConfig(self.loaded.path, str(self.loaded.config.dtype).replace("torch.", ""),
-                             self.memory.kv.num_slots, backend, args.vision_cache_mb, threads))
+                             self.memory.kv.num_slots, backend, args.vision_cache_mb, threads,
+                             KernelConfig.from_args(args)))
             self.runner = TensorParallelRunner(self.loaded, self.memory, backend, self.metrics, args.vision_cache_mb,
                                                device, eos, dead_rank=self.tp_group.dead_rank,
                                                on_fatal=self._tensor_parallel_failed)

@@ -25,11 +25,13 @@ from vlserve.scheduler.scheduler import Scheduler
 
 
 
-def step(scheduler: Scheduler, runner: ModelRunner) -> None:
-    """One scheduling step."""
+def step(scheduler: Scheduler, runner: ModelRunner, gate: Callable[[], object] | None = None) -> None:
+    """One scheduling step. `gate`, where given, is called before each forward (on this thread)."""
     plan = scheduler.schedule()
     if not plan:
         return
+    if gate is not None:
+        gate()
     try:
         result = runner.run(plan)
     except Exception as e:  # a bug must fail the batch's requests, never the engine
@@ -40,10 +42,13 @@ def step(scheduler: Scheduler, runner: ModelRunner) -> None:
 
 class EngineLoop:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, after_step: Callable[[], object] | None = None,
-                 thread: ComputeThread | None = None):
+                 thread: ComputeThread | None = None, step_gate: Callable[[], object] | None = None):
         """`thread`: the engine's compute thread, which built the model (compute_thread.py); the loop
-        runs on it from start() on. Without one the loop gets a thread of its own."""
+        runs on it from start() on. Without one the loop gets a thread of its own. `step_gate`: called
+        on the loop thread before each forward; a test holds or paces the loop with it (read every
+        step, so it may be set after start)."""
         self.scheduler, self.runner, self.after_step = scheduler, runner, after_step
+        self.step_gate = step_gate
         self._inbox: queue.Queue[list[Req]] = queue.Queue()
         self._inbox_requests = 0  # requests in _inbox; read and written under _admission
         self._admission = threading.Lock()
@@ -106,7 +111,7 @@ class EngineLoop:
             self._run_calls()
             self._drain_inbox(block=self.scheduler.idle)
             try:
-                step(self.scheduler, self.runner)
+                step(self.scheduler, self.runner, self.step_gate)
             except Exception as e:  # a bug in schedule/process: fail what is queued, keep the loop
                 self.scheduler.fail_all(e)
             if self.after_step is not None:

@@ -31,12 +31,13 @@ class KVPool:
     def num_slots(self) -> int:
         return self.k_buffers[0].shape[0]
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [tokens, kv_heads, head_dim], stored at these slots of the layer's buffers."""
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fused: bool = True) -> None:
+        """k, v: [tokens, kv_heads, head_dim], stored at these slots of the layer's buffers (`fused`:
+        through the fused store where there is one; KernelConfig.fused_ops)."""
         k_buf, v_buf = self.k_buffers[layer], self.v_buffers[layer]
         if k.dtype != k_buf.dtype or v.dtype != v_buf.dtype:  # .to costs 2-3 us even as a no-op
             k, v = k.to(k_buf.dtype), v.to(v_buf.dtype)
-        op = fused_op(k_buf)
+        op = fused_op(k_buf) if fused else None
         if op is not None and k.stride(-1) == 1 and v.stride(-1) == 1:
             op.store_kv(k_buf, v_buf, slots, k, v)  # row copies: 2-5x index_copy_ (benchmarks/kv_store.py at ba1d303)
             return

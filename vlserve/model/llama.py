@@ -23,6 +23,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused_ops = True  # KernelConfig.fused_ops: off, the eager PyTorch below
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         op = self._fused(x)
@@ -42,7 +43,7 @@ class RMSNorm(nn.Module):
         return x, self(x)
 
     def _fused(self, x: torch.Tensor):
-        if x.dim() != 2 or x.stride(-1) != 1 or self.weight.dtype != x.dtype:
+        if not self.fused_ops or x.dim() != 2 or x.stride(-1) != 1 or self.weight.dtype != x.dtype:
             return None
         return fused_op(x)
 
@@ -106,9 +107,9 @@ class RotaryEmbedding(nn.Module):
         return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, H, D]; cos/sin: [T, D]. Where fused (CPU), x is rotated in place and returned."""
-    op = fused_op(x)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool = True) -> torch.Tensor:
+    """x: [T, H, D]; cos/sin: [T, D]. Where fused (CPU, `fused`), x is rotated in place and returned."""
+    op = fused_op(x) if fused else None
     if op is not None and x.stride(-1) == 1:
         op.rotary_(x, cos, sin)
         return x
@@ -128,6 +129,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         self.sm_scale = cfg.head_dim ** -0.5
+        self.fused_ops = True  # KernelConfig.fused_ops: rotary and the KV store fused
 
     def fuse(self) -> None:
         """One GEMM for q, k and v (after loading the checkpoint's separate weights)."""
@@ -146,12 +148,13 @@ class Attention(nn.Module):
         # q and k sit side by side in each row of the fused output: one rotary call for both, in place
         # (q and k above are views of it, so they see the rotation)
         qk = None if qkv is None else qkv[:, :q_size + kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-        if qk is not None and fused_op(qk) is not None:
+        fused = self.fused_ops
+        if qk is not None and fused and fused_op(qk) is not None:
             apply_rotary(qk, cos, sin)
         else:
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = apply_rotary(q, cos, sin, fused), apply_rotary(k, cos, sin, fused)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        kv.write(self.layer_id, batch.out_cache_loc, k, v)
+        kv.write(self.layer_id, batch.out_cache_loc, k, v, fused=fused)
         o = attn.forward(q, kv.k_buffers[self.layer_id], kv.v_buffers[self.layer_id], batch, self.sm_scale)
         return self.o_proj(o.reshape(t, -1))
 
@@ -162,6 +165,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.fused_ops = True  # KernelConfig.fused_ops: SiLU*mul fused
 
     def fuse(self) -> None:
         """One GEMM for gate and up."""
@@ -171,7 +175,7 @@ class MLP(nn.Module):
     def forward(self, x):
         if hasattr(self, "gate_up_proj"):
             gate_up = self.gate_up_proj(x)
-            op = fused_op(gate_up)
+            op = fused_op(gate_up) if self.fused_ops else None
             if op is not None:
                 return self.down_proj(op.silu_mul(gate_up))
             gate, up = gate_up.chunk(2, dim=-1)
@@ -226,6 +230,12 @@ class LlamaDecoder(nn.Module):
         for layer in self.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
+
+    def use_fused_ops(self, enabled: bool) -> None:
+        """KernelConfig.fused_ops: every norm, attention and MLP takes the fused kernels or eager PyTorch."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, MLP)):
+                module.fused_ops = enabled
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend):
         seq_lens = None

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from vlserve.core.config import KernelConfig
 from vlserve.core.errors import CheckpointError
 from vlserve.cpu.gemm import native_bf16, native_fp16, use_cpu_gemm
 from vlserve.model.config import ModelConfig, parse_dtype
@@ -105,9 +106,9 @@ def read_state_dict(files: list[str], dtype: torch.dtype) -> dict[str, torch.Ten
 
 
 def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = "cpu",
-               cpu_gemm: bool = True) -> LoadedModel:
-    """dtype: None (the checkpoint's), "auto" (see resolve_dtype) or a dtype name. cpu_gemm=False keeps
-    plain F.linear on the CPU (for before/after comparisons)."""
+               kernels: KernelConfig = KernelConfig()) -> LoadedModel:
+    """dtype: None (the checkpoint's), "auto" (see resolve_dtype) or a dtype name. kernels: the kernel
+    paths the model is built with (KernelConfig; each off switch is that path's plain-PyTorch fallback)."""
     from transformers import AutoConfig, AutoTokenizer
 
     files = check_checkpoint_dir(path)
@@ -135,9 +136,10 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
         model.lm_head.weight = model.language_model.embed_tokens.weight
     _materialise_buffers(model, cfg)
     model.language_model.fuse_projections()
+    model.language_model.use_fused_ops(kernels.fused_ops)
     model = model.to(device).eval()
-    if cpu_gemm and torch.device(device).type == "cpu":
-        use_cpu_gemm(model)
+    if kernels.cpu_gemm and torch.device(device).type == "cpu":
+        use_cpu_gemm(model, kernels.small_gemm)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if not getattr(tokenizer, "chat_template", None):  # the processor's chat_template.json, as AutoProcessor reads it
         tokenizer.chat_template = _json(path, "chat_template.json").get("chat_template")

@@ -13,6 +13,7 @@ from vlserve.model.loader import LoadedModel
 from vlserve.runner.extend_slices import extend_slice, prompt_logprobs
 from vlserve.runner.image_embedder import ImageEmbedder
 from vlserve.runner.sample_step import sample_requests
+from vlserve.sampling.sampler import sample
 
 # Prometheus label of a forward pass (an interface: forward_passes_total{mode="prefill|decode"})
 _MODE_LABEL = {ForwardMode.EXTEND: "prefill", ForwardMode.DECODE: "decode"}
@@ -23,6 +24,7 @@ class ModelRunner:
                  vision_cache_mb: float, device: str = "cpu", eos_token_ids: tuple[int, ...] = ()):
         self.loaded, self.model, self.memory, self.device = loaded, loaded.model, memory, device
         self.eos_token_ids = eos_token_ids
+        self.sampler = sample  # the token sampler after the masks; a test may give its own
         self.vocab_size = loaded.config.text.vocab_size
         self.attention = AttentionBackend(attention_backend)
         self.metrics = metrics
@@ -54,7 +56,7 @@ class ModelRunner:
         sampled, errors = [None] * len(plan), [None] * len(plan)
         if chosen:
             tokens, failures = sample_requests(logits[[layout.last(i) for i in chosen]], [plan[i].req for i in chosen],
-                                               self.eos_token_ids)
+                                               self.eos_token_ids, self.sampler)
             for i, tok, err in zip(chosen, tokens, failures):
                 sampled[i], errors[i] = tok, err
         return StepResult(plan, batch.mode, sampled, errors, input_logprobs)

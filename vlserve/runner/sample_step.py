@@ -17,19 +17,21 @@ from vlserve.sampling.sampler import sample
 log = logging.getLogger(__name__)
 
 
-def sample_requests(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...] = ()
+def sample_requests(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...] = (), sampler=sample
                     ) -> tuple[list[SampledToken | None], list[SampleFailure | None]]:
-    """logits: [len(reqs), V], one row per request. Returns (tokens, errors), one of each per request."""
+    """logits: [len(reqs), V], one row per request. Returns (tokens, errors), one of each per request.
+    sampler: (logits, params, generators) -> (ids, logprobs), after the masks (sampling/sampler.py's)."""
     try:
         # penalties and logit bias are not idempotent: the per-request fallback needs the logits as
         # they came, so copy them then (constraint and min_new_tokens masks may safely apply twice)
         rewrites = any(r.sampling.penalised or r.sampling.logit_bias for r in reqs)
-        return _sample(logits.clone() if rewrites else logits, reqs, eos_token_ids), [None] * len(reqs)
+        return _sample(logits.clone() if rewrites else logits, reqs, eos_token_ids, sampler), [None] * len(reqs)
     except Exception:
-        return _sample_each(logits, reqs, eos_token_ids)
+        return _sample_each(logits, reqs, eos_token_ids, sampler)
 
 
-def _sample(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...]) -> list[SampledToken]:
+def _sample(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...], sampler=sample
+            ) -> list[SampledToken]:
     """Penalties, logit bias → min_new_tokens → constraint masks → sample; logits are changed in place."""
     params = [r.sampling for r in reqs]
     apply_penalties(logits, params, [r.input_ids for r in reqs], [r.output_ids for r in reqs])
@@ -37,7 +39,7 @@ def _sample(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...
     mask_early_stops(logits, params, [r.output_ids for r in reqs], eos_token_ids)
     if any(r.constraint is not None for r in reqs):
         apply_constraint_masks(logits, [r.constraint for r in reqs])
-    ids, logprobs = sample(logits, params, [r.generator for r in reqs])
+    ids, logprobs = sampler(logits, params, [r.generator for r in reqs])
     tops = _top_logprobs(logits, [r.top_logprobs_num if r.return_logprob else 0 for r in reqs])
     return [SampledToken(t, lp, top) for t, lp, top in zip(ids.tolist(), logprobs.tolist(), tops)]
 
@@ -55,12 +57,12 @@ def _top_logprobs(logits: torch.Tensor, nums: list[int]) -> list[list[tuple[floa
     return out
 
 
-def _sample_each(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...]
+def _sample_each(logits: torch.Tensor, reqs: list[Req], eos_token_ids: tuple[int, ...], sampler=sample
                  ) -> tuple[list[SampledToken | None], list[SampleFailure | None]]:
     tokens, errors = [], []
     for i, req in enumerate(reqs):
         try:
-            tokens.append(_sample(logits[i:i + 1].clone(), [req], eos_token_ids)[0])
+            tokens.append(_sample(logits[i:i + 1].clone(), [req], eos_token_ids, sampler)[0])
             errors.append(None)
         except InvalidRequest as e:
             tokens.append(None)

@@ -12,6 +12,7 @@ is an extend of one token, so prefills and decodes share one batched call).
 import logging
 import queue
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -33,8 +34,10 @@ log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, memory: KVMemory, cfg: SchedulerConfig, metrics: Metrics, finish: FinishChecker):
-        self.cfg, self.metrics, self.finish_checker = cfg, metrics, finish
+    def __init__(self, memory: KVMemory, cfg: SchedulerConfig, metrics: Metrics, finish: FinishChecker,
+                 clock: Callable[[], float] = time.monotonic):
+        """clock: seconds on the clock requests' arrival_time is read from (timeouts, latencies)."""
+        self.cfg, self.metrics, self.finish_checker, self.clock = cfg, metrics, finish, clock
         self.stats = RequestStats(metrics, cfg.log_requests)
         self.context_len = memory.context_len
         self.cm = CacheManager(memory, cfg.disable_radix_cache)
@@ -65,7 +68,7 @@ class Scheduler:
     def schedule(self) -> list[PlannedExtend]:
         self._process_aborts()
         if self.cfg.request_timeout:
-            self._expire(time.monotonic() - self.cfg.request_timeout)
+            self._expire(self.clock() - self.cfg.request_timeout)
         self.policy.step()
         plan, budget = [], self.cfg.chunked_prefill_size
         for req in list(self.running):
@@ -80,7 +83,7 @@ class Scheduler:
                 budget -= n if n > 1 else 0
         if self.waiting and budget > 0:
             admitted = self.admission.admit(self.waiting, self.running, budget)
-            now = time.monotonic()
+            now = self.clock()
             for p in admitted:
                 self.waiting.remove(p.req)
                 self.running.append(p.req)
@@ -127,7 +130,7 @@ class Scheduler:
 
     # ---- process ------------------------------------------------------------------------------
     def process(self, result: StepResult) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for p, sampled, error, input_lps in zip(result.plan, result.sampled, result.sample_errors,
                                                 result.input_logprobs):
             req = p.req
@@ -224,7 +227,7 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.stats.finished(req, time.monotonic(), error)
+        self.stats.finished(req, self.clock(), error)
         self._emit(req, finished=True, error=error, replace_from=replace_from, error_status=error_status)
 
     def _emit(self, req: Req, finished: bool, error: str | None = None, replace_from: int | None = None,

@@ -72,14 +72,15 @@ def make_engine(args: ServerArgs):
     return Engine(**args.engine_kwargs())
 
 
-def run_server(args: ServerArgs) -> int:
+def run_server(args: ServerArgs, engine_factory=make_engine) -> int:
+    """Serves until a signal; `engine_factory(args)` builds the engine (a test wraps make_engine)."""
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.node_rank > 0:  # another machine's tensor-parallel ranks: no engine, no HTTP
         from vlserve.distributed.launcher import run_worker_node
         return run_worker_node(args.tp_size, args.nnodes, args.node_rank, args.dist_init_addr, args.device)
-    engine = make_engine(args)
+    engine = engine_factory(args)
     # a dead tensor-parallel rank stops the server as a signal would (drain, exit), with exit status 1
     engine.on_fatal = lambda why: os.kill(os.getpid(), signal.SIGTERM)
     log.info("serving %s on http://%s:%d (dtype %s)", args.model_name(), args.host, args.port, engine.loaded.dtype_note)
