@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from server_helpers import assert_leak_free, metric_values, start_server, tiny_model_dir, wait_healthy
+from helpers.server_helpers import assert_leak_free, metric_values, start_server, tiny_model_dir, wait_healthy
 
 RUNNING, LIMIT, BURST = 2, 3, 40
 LONG = {"max_new_tokens": 1000, "ignore_eos": True, "temperature": 0}

@@ -12,7 +12,7 @@ import pytest
 from vlserve.bench import workloads as W
 from vlserve.model.tiny import TinyModelSpec, make_tiny_model
 
-from bench_script_helpers import load_benchmark_script
+from helpers.bench_script_helpers import load_benchmark_script
 
 harness = load_benchmark_script("workloads")
 

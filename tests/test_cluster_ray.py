@@ -13,8 +13,8 @@ import pytest
 import ray
 from ray import serve
 
-from router_helpers import child_pids, group_requests
-from server_helpers import shared_server, tiny_model_dir
+from helpers.router_helpers import child_pids, group_requests
+from helpers.server_helpers import shared_server, tiny_model_dir
 from vlserve.cluster import app
 from vlserve.cluster.replica import REPLICA_HEADER
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from server_helpers import tiny_model_dir, wait_healthy
+from helpers.server_helpers import tiny_model_dir, wait_healthy
 
 DOCKERFILE = Path(__file__).resolve().parent.parent / "Dockerfile"
 

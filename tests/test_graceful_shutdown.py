@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from server_helpers import start_server, tiny_model_dir, wait_healthy
+from helpers.server_helpers import start_server, tiny_model_dir, wait_healthy
 
 
 def _free_port() -> int:
@@ -22,7 +22,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-PACED_SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paced_serve.py")
+PACED_SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "paced_serve.py")
 
 
 def _serve(*flags: str, pace: float | None = None) -> tuple[subprocess.Popen, str]:

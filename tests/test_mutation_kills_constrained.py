@@ -5,7 +5,7 @@ vlserve/constrained/: benchmarks/results/mutation_constrained.md)."""
 from __future__ import annotations
 
 import pytest
-from constrained_helpers import train_tokenizer
+from helpers.constrained_helpers import train_tokenizer
 
 from vlserve.constrained import ConstraintCompiler, ConstraintState
 from vlserve.constrained.jump_forward import (RETOKENIZE_WINDOW, _complete_utf8_prefix, _encode_exact, _spells,

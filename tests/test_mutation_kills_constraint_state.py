@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from constrained_helpers import train_tokenizer
+from helpers.constrained_helpers import train_tokenizer
 
 from vlserve.constrained import ConstraintCompiler, ConstraintState
 

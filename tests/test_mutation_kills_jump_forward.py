@@ -5,7 +5,7 @@ benchmarks/results/mutation_jump_forward_fast.md)."""
 from __future__ import annotations
 
 import pytest
-from constrained_helpers import train_tokenizer
+from helpers.constrained_helpers import train_tokenizer
 
 from vlserve.constrained import ConstraintCompiler, ConstraintState
 from vlserve.constrained.jump_forward import _common_prefix, _encode_exact, _stable_prefix, propose_jump

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 import torch
-from constrained_helpers import train_tokenizer
+from helpers.constrained_helpers import train_tokenizer
 from test_mutation_kills_scheduler import TOKEN, assert_idle, gauges, scheduler, step, submit
 
 from vlserve.constrained import ConstraintCompiler, ConstraintState

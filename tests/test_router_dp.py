@@ -12,8 +12,8 @@ import time
 
 import httpx
 
-from router_helpers import child_pids, group_requests
-from server_helpers import tiny_model_dir, wait_healthy
+from helpers.router_helpers import child_pids, group_requests
+from helpers.server_helpers import tiny_model_dir, wait_healthy
 
 
 def _free_port() -> int:

@@ -4,7 +4,7 @@ levelled off, and the server degrades to 503s under overload and recovers."""
 
 import httpx
 
-from server_helpers import start_server
+from helpers.server_helpers import start_server
 from vlserve.bench.soak import Soak, ramp
 
 SOAK_MINUTES = 1.5

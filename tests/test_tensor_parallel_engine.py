@@ -18,7 +18,7 @@ import torch
 import torch.multiprocessing as mp
 from PIL import Image
 
-from tp_helpers import process_gone
+from helpers.tp_helpers import process_gone
 from vlserve import Engine
 from vlserve.core.errors import EngineBusy
 from vlserve.distributed import step_message, tp_runner

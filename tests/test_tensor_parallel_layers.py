@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tp_helpers import check_all_layers
+from helpers.tp_helpers import check_all_layers
 from vlserve.distributed.group import free_port
 from vlserve.model.tensor_parallel import (
     TPContext, VocabParallelEmbedding, check_shardable, kv_head_range, kv_heads_per_rank, vocab_range,

@@ -10,8 +10,8 @@ import sys
 
 import httpx
 
-from tp_helpers import process_gone
-from server_helpers import png, wait_healthy
+from helpers.tp_helpers import process_gone
+from helpers.server_helpers import png, wait_healthy
 from vlserve import Engine
 from vlserve.distributed.group import free_port
 
