@@ -17,6 +17,8 @@ from vlserve.builtin import scenes
 from vlserve.builtin.evaluate import evaluate, prompt_for, with_shots
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
+pytestmark = pytest.mark.slow
+
 assert (BUILTIN_MODEL_DIR / "config.json").exists(), "the built-in checkpoint is missing from vlserve/builtin_model"
 
 # Set a little under what the committed checkpoint (run 7) measured on these samples (20 per type:

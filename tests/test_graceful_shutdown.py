@@ -12,6 +12,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from helpers.server_helpers import start_server, tiny_model_dir, wait_healthy
 
@@ -64,6 +65,7 @@ def _wait_for_health(url: str, status: int, timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_sigterm_drains_then_exits_zero():
     # Paced to 5 ms a forward: unpaced, the tiny model ran all 2,000 tokens in 1.5 s on a Zen 5 host,
     # inside the 2 s drain, and the long stream ended normally instead of with the error event.

@@ -16,6 +16,8 @@ from PIL import Image, ImageDraw
 from helpers.server_helpers import start_server
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
+pytestmark = pytest.mark.browser
+
 SHOTS = tempfile.mkdtemp(prefix="vlserve-page-screenshots-")
 
 

@@ -23,6 +23,8 @@ from helpers.server_helpers import assert_server_leak_free, serve_builtin, stop_
 from vlserve.server.app import build_app
 from vlserve.server.args import ServerArgs
 
+pytestmark = pytest.mark.slow
+
 SEED = int(os.environ.get("VLSERVE_FUZZ_SEED", "20261204"))
 MAX_EXAMPLES = int(os.environ.get("VLSERVE_FUZZ_EXAMPLES", "12"))
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,

@@ -25,6 +25,8 @@ from vlserve.distributed import step_message, tp_runner
 from vlserve.model.tiny import TinyModelSpec, make_tiny_model
 from vlserve.model.tiny_anyres import make_tiny_llava_next
 
+pytestmark = pytest.mark.distributed
+
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 ENGINE = {"num_threads": 1, "max_total_tokens": 2048, "chunked_prefill_size": 24}
 ONE_IMAGE = "USER: <image>\nWhat colour is it? ASSISTANT:"

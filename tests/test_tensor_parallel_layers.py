@@ -14,6 +14,7 @@ from vlserve.model.tensor_parallel import (
 )
 
 
+@pytest.mark.distributed
 def test_every_parallel_layer_matches_the_unsharded_one_on_two_gloo_ranks():
     mp.spawn(check_all_layers, args=(2, f"127.0.0.1:{free_port()}"), nprocs=2, join=True)
 

@@ -29,6 +29,8 @@ from PIL import Image, ImageDraw
 
 from helpers.server_helpers import wait_healthy
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 # installed name of each top-level source folder (setup.py's mapping)
