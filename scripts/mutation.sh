@@ -85,6 +85,7 @@ cat > "$STAGE/pyproject.toml" <<TOML
 [tool.pytest.ini_options]
 testpaths = ["tests"]
 timeout = 600
+markers = ["slow", "browser", "distributed", "gpu"]
 
 [tool.mutmut]
 source_paths = ["vlserve"]

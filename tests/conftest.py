@@ -56,7 +56,7 @@ def _limit_memory(gb: float) -> None:
 _limit_memory(MEMORY_LIMIT_GB)
 
 
-# ---- the HTTP tests' shared server (tests/server_helpers.py) -----------------------------------
+# ---- the HTTP tests' shared server (tests/helpers/server_helpers.py) ---------------------------
 import httpx  # noqa: E402
 import pytest  # noqa: E402
 
@@ -64,7 +64,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="module")
 def server():
     """The one real server the HTTP tests share; each module checks it leaked nothing."""
-    from server_helpers import assert_leak_free, shared_server
+    from helpers.server_helpers import assert_leak_free, shared_server
 
     engine, srv = shared_server()
     yield engine, srv

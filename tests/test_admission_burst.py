@@ -17,8 +17,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
-from server_helpers import assert_leak_free, metric_values, start_server, tiny_model_dir, wait_healthy
+from helpers.server_helpers import assert_leak_free, metric_values, start_server, tiny_model_dir, wait_healthy
 
 RUNNING, LIMIT, BURST = 2, 3, 40
 LONG = {"max_new_tokens": 1000, "ignore_eos": True, "temperature": 0}
@@ -98,6 +99,7 @@ def test_a_burst_while_nothing_leaves_the_queue_is_held_to_the_limit():
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_a_burst_on_a_running_server_is_answered_in_full_or_refused():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -12,7 +12,7 @@ import pytest
 from vlserve.bench import workload_defs as W
 from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
-from bench_script_helpers import load_benchmark_script
+from helpers.bench_script_helpers import load_benchmark_script
 
 harness = load_benchmark_script("workloads")
 

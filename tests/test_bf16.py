@@ -11,7 +11,7 @@ from fp32, plus one bf16 ulp of the largest logit.
 import pytest
 import torch
 
-from runner_helpers import batched_logits
+from helpers.runner_helpers import batched_logits
 from vlserve.runner.model_runner import ModelRunner
 from vlserve.cpu import gemm as cpu_gemm
 from vlserve.model.loader import load_model, resolve_dtype

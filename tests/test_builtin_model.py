@@ -4,7 +4,7 @@ Floors are set from the measured held-out accuracy (docs/builtin-model.md) with 
 small sample. Controls: blank images show that a pipeline dropping the image would fail; mirrored
 images (left/right swapped, references kept) that one flipping it would fail the position and
 direction floors on the questions whose answer names a side. A second test set, drawn and phrased by
-a different program (tests/builtin_independent_set.py), stands for pictures a user draws.
+a different program (tests/helpers/builtin_independent_set.py), stands for pictures a user draws.
 """
 
 import re
@@ -12,10 +12,12 @@ import re
 import pytest
 from PIL import ImageOps
 
-import builtin_independent_set as independent
+import helpers.builtin_independent_set as independent
 from vlserve.builtin import scenes
 from training.builtin.evaluate import evaluate, prompt_for, with_shots
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
+
+pytestmark = pytest.mark.slow
 
 assert (BUILTIN_MODEL_DIR / "config.json").exists(), "the built-in checkpoint is missing from vlserve/builtin_model"
 

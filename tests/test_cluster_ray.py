@@ -13,8 +13,8 @@ import pytest
 import ray
 from ray import serve
 
-from router_helpers import child_pids, group_requests
-from server_helpers import shared_server, tiny_model_dir
+from helpers.router_helpers import child_pids, group_requests
+from helpers.server_helpers import shared_server, tiny_model_dir
 from vlserve.cluster import app
 from vlserve.cluster.replica import REPLICA_HEADER
 
@@ -30,6 +30,7 @@ async def _send(url: str, bodies: list[dict]) -> list[httpx.Response]:
         return await asyncio.gather(*(client.post(url + "/v1/chat/completions", json=b) for b in bodies))
 
 
+@pytest.mark.distributed
 def test_ray_serve_replicas_route_by_image_and_answer_as_vlserve_serve():
     _, single = shared_server()  # `vlserve serve` on the same checkpoint, for comparison
     body = group_requests(1, 1, max_tokens=6)[0][1]

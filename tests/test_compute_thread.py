@@ -8,7 +8,7 @@ import pytest
 from vlserve.engine.compute_thread import ComputeThread
 from vlserve.model import loader
 
-from server_helpers import tiny_model_dir
+from helpers.server_helpers import tiny_model_dir
 
 
 def test_run_returns_the_result_and_raises_the_error_on_the_caller():

@@ -12,7 +12,7 @@ from concurrent.futures import Future
 import httpx
 import pytest
 import torch
-from constrained_helpers import run_decode, train_tokenizer
+from helpers.constrained_helpers import run_decode, train_tokenizer
 
 from vlserve import Engine
 from vlserve.constrained import (CompileBudget, CompileWorkers, ConstraintCompiler, ConstraintError,
@@ -226,7 +226,7 @@ def test_json_object_through_the_chat_route_is_a_json_object(http):
 @pytest.fixture(scope="module")
 def small_budget_http():
     """A server whose grammars may have at most 20 states."""
-    from server_helpers import assert_leak_free, start_server
+    from helpers.server_helpers import assert_leak_free, start_server
 
     engine, server = start_server(grammar_max_states=20)
     try:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from constrained_helpers import apply_jump, decode_bytes, train_tokenizer, walked
+from helpers.constrained_helpers import apply_jump, decode_bytes, train_tokenizer, walked
 
 from vlserve.constrained import ConstraintCompiler, ConstraintError, ConstraintState, apply_constraint_masks
 from vlserve.constrained.vocab import token_bytes_table

@@ -18,7 +18,7 @@ import re
 import jsonschema
 import pytest
 import torch
-from constrained_helpers import WORDS, run_decode, train_tokenizer
+from helpers.constrained_helpers import WORDS, run_decode, train_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

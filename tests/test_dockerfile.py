@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
-from server_helpers import tiny_model_dir, wait_healthy
+from helpers.server_helpers import tiny_model_dir, wait_healthy
 
 DOCKERFILE = Path(__file__).resolve().parent.parent / "Dockerfile"
 
@@ -40,6 +41,7 @@ def test_the_image_installs_the_wheel_its_build_stage_makes():
     assert not re.search(r"pip install[^\n&]*\s(\.|-e)(\s|$)", final, re.M)  # never the source folder
 
 
+@pytest.mark.slow
 def test_the_entrypoint_serves_outside_docker():
     entry = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", DOCKERFILE.read_text(), re.M).group(1))
     assert entry[:2] == ["vlserve", "serve"]

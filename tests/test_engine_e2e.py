@@ -112,6 +112,7 @@ def test_retraction_happens_under_pressure(model_dir):
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in alone]
 
 
+@pytest.mark.slow
 def test_triton_backend_matches_torch_backend(model_dir, reference):
     """The paged Triton kernels (in the interpreter on CPU) give the torch backend's greedy output."""
     outs, _ = _run(model_dir, attention_backend="triton", page_size=4, chunked_prefill_size=16)

@@ -12,8 +12,9 @@ import threading
 import time
 
 import httpx
+import pytest
 
-from server_helpers import start_server, tiny_model_dir, wait_healthy
+from helpers.server_helpers import start_server, tiny_model_dir, wait_healthy
 
 
 def _free_port() -> int:
@@ -22,7 +23,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-PACED_SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paced_serve.py")
+PACED_SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "paced_serve.py")
 
 
 def _serve(*flags: str, pace: float | None = None) -> tuple[subprocess.Popen, str]:
@@ -64,6 +65,7 @@ def _wait_for_health(url: str, status: int, timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_sigterm_drains_then_exits_zero():
     # Paced to 5 ms a forward: unpaced, the tiny model ran all 2,000 tokens in 1.5 s on a Zen 5 host,
     # inside the 2 s drain, and the long stream ended normally instead of with the error event.

@@ -16,7 +16,7 @@ import pytest
 from huggingface_hub import scan_cache_dir, try_to_load_from_cache
 from huggingface_hub.utils import filter_repo_objects
 
-from server_helpers import wait_healthy
+from helpers.server_helpers import wait_healthy
 from vlserve.core.config import EngineArgs
 from vlserve.core.errors import CheckpointError
 from vlserve.model.hub import CHECKPOINT_FILES, resolve_model_path

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import vlserve.lang as sgl
-from lang_helpers import scene_png, scene_video
+from helpers.lang_helpers import scene_png, scene_video
 from vlserve import Engine
 
 

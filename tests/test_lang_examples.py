@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from lang_helpers import RecordingEndpoint, builtin_server
-from server_helpers import assert_leak_free
+from helpers.lang_helpers import RecordingEndpoint, builtin_server
+from helpers.server_helpers import assert_leak_free
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 

@@ -3,8 +3,8 @@
 import pytest
 
 import vlserve.lang as sgl
-from lang_helpers import AppServer
-from openai_fake import OpenAIFake, WordTokenizer
+from helpers.lang_helpers import AppServer
+from helpers.openai_fake import OpenAIFake, WordTokenizer
 
 INTRO = "Construct a character within the following format:\nName: Steve Jobs.\nBirthday: February 24, 1955.\n" \
         "Job: Apple CEO.\n\nPlease generate new Name, Birthday and Job.\n"

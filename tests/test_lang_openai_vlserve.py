@@ -3,8 +3,8 @@
 import pytest
 
 import vlserve.lang as sgl
-from lang_helpers import builtin_server, scene_png
-from server_helpers import assert_leak_free
+from helpers.lang_helpers import builtin_server, scene_png
+from helpers.server_helpers import assert_leak_free
 from vlserve.builtin import scenes
 
 

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 import vlserve.lang as sgl
-from lang_helpers import RecordingEndpoint, metric, scene_png, scene_video, served  # noqa: F401 - served is a fixture
+from helpers.lang_helpers import RecordingEndpoint, metric, scene_png, scene_video, served  # noqa: F401 - served is a fixture
 from image_qa import image_qa  # noqa: I001 - examples/ is on the path once lang_helpers is imported
 from vlserve.lang.media import image_item
 

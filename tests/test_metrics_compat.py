@@ -13,7 +13,7 @@ import re
 import httpx
 import pytest
 
-from server_helpers import served_model, start_server
+from helpers.server_helpers import served_model, start_server
 from vlserve import Engine
 from vlserve.engine.stats_log import StatsLog
 from vlserve.testing.tiny import make_tiny_model

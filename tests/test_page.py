@@ -13,8 +13,10 @@ import time
 import pytest
 from PIL import Image, ImageDraw
 
-from server_helpers import start_server
+from helpers.server_helpers import start_server
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
+
+pytestmark = pytest.mark.browser
 
 SHOTS = tempfile.mkdtemp(prefix="vlserve-page-screenshots-")
 

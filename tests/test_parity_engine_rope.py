@@ -9,7 +9,7 @@ logits of the paged model) with the serving path: scheduler, batching, radix cac
 import pytest
 import torch
 
-from rope_shapes import ROPE_SHAPES
+from helpers.rope_shapes import ROPE_SHAPES
 from vlserve import Engine
 from vlserve.testing.tiny import make_tiny_model
 

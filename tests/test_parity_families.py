@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from runner_helpers import assert_runner_matches_transformers, hf_greedy_logits
+from helpers.runner_helpers import assert_runner_matches_transformers, hf_greedy_logits
 from vlserve import Engine
 from vlserve.core.errors import CheckpointError, InvalidRequest
 from vlserve.model.families import family_for

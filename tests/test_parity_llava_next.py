@@ -19,8 +19,8 @@ from vlserve.testing.tiny import TinyModelSpec
 from vlserve.testing.tiny_anyres import make_tiny_llava_next
 from vlserve.runner.model_runner import ModelRunner
 
-from runner_helpers import batched_logits
-from anyres_helpers import TOP, assert_matches
+from helpers.runner_helpers import batched_logits
+from helpers.anyres_helpers import TOP, assert_matches
 
 SIZES = [(48, 64), (100, 37), (30, 30), (480, 640), (1080, 1920), (7, 200)]  # (height, width)
 STEPS = 32

@@ -9,8 +9,8 @@ steps, which test_parity_llava_next.py checks pixel for pixel).
 import pytest
 import torch
 
-from anyres_helpers import FRAMES, TOP, assert_matches
-from anyres_helpers import hf_greedy as _hf_greedy, image as _image, png as _png, video as _video
+from helpers.anyres_helpers import FRAMES, TOP, assert_matches
+from helpers.anyres_helpers import hf_greedy as _hf_greedy, image as _image, png as _png, video as _video
 from vlserve import Engine
 from vlserve.model.loader import load_model
 from vlserve.testing.tiny_anyres import VIDEO_TOKEN, make_tiny_llava_next_video

@@ -2,10 +2,10 @@
 
 import pytest
 
-from runner_helpers import assert_runner_matches_transformers
+from helpers.runner_helpers import assert_runner_matches_transformers
 from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
-from rope_shapes import ROPE_SHAPES
+from helpers.rope_shapes import ROPE_SHAPES
 
 SHAPES = {
     "gqa-default": TinyModelSpec(),

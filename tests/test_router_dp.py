@@ -11,9 +11,12 @@ import sys
 import time
 
 import httpx
+import pytest
 
-from router_helpers import child_pids, group_requests
-from server_helpers import tiny_model_dir, wait_healthy
+from helpers.router_helpers import child_pids, group_requests
+from helpers.server_helpers import tiny_model_dir, wait_healthy
+
+pytestmark = pytest.mark.distributed
 
 
 def _free_port() -> int:

@@ -7,8 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-from router_helpers import app_thread, group_requests
-from server_helpers import assert_leak_free, metric_values, start_server, tiny_model_dir
+from helpers.router_helpers import app_thread, group_requests
+from helpers.server_helpers import assert_leak_free, metric_values, start_server, tiny_model_dir
 from vlserve.router.keys import RouteKeys
 from vlserve.router.model_files import ModelFiles
 from vlserve.router.args import RouterArgs

@@ -2,7 +2,7 @@
 
 import json
 
-from server_helpers import data_uri, image_message, png, shared_server, tiny_model_dir
+from helpers.server_helpers import data_uri, image_message, png, shared_server, tiny_model_dir
 from vlserve.router.keys import RouteKeys
 from vlserve.router.model_files import ModelFiles
 from vlserve.server.chat import build_chat_prompt

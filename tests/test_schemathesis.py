@@ -19,9 +19,11 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_headers_conformance,
                                                response_schema_conformance, status_code_conformance)
 
-from server_helpers import assert_server_leak_free, serve_builtin, stop_process
+from helpers.server_helpers import assert_server_leak_free, serve_builtin, stop_process
 from vlserve.server.app import build_app
 from vlserve.server.args import ServerArgs
+
+pytestmark = pytest.mark.slow
 
 SEED = int(os.environ.get("VLSERVE_FUZZ_SEED", "20261204"))
 MAX_EXAMPLES = int(os.environ.get("VLSERVE_FUZZ_EXAMPLES", "12"))

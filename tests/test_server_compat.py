@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from server_helpers import data_uri, png, served_model, start_server
+from helpers.server_helpers import data_uri, png, served_model, start_server
 from vlserve.cli import parse_serve_args
 
 CHAT = {"model": served_model(), "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}

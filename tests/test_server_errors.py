@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from server_helpers import assert_leak_free, data_uri, image_message, mp4, png, png_bomb, start_server
+from helpers.server_helpers import assert_leak_free, data_uri, image_message, mp4, png, png_bomb, start_server
 from vlserve.server.app import build_app
 from vlserve.server.background import BackgroundServer
 from vlserve.server.args import ServerArgs

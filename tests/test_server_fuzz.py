@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from server_helpers import assert_leak_free
+from helpers.server_helpers import assert_leak_free
 
 PROMPT = "USER: hi ASSISTANT:"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from server_helpers import assert_leak_free, data_uri, image_message, metric_values, png, shared_server
+from helpers.server_helpers import assert_leak_free, data_uri, image_message, metric_values, png, shared_server
 
 CLIENTS = 64
 DISCONNECT_EVERY = 4  # a quarter of the clients

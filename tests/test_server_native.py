@@ -5,7 +5,7 @@ import json
 import httpx
 import pytest
 
-from server_helpers import data_uri, jpeg, mp4, png
+from helpers.server_helpers import data_uri, jpeg, mp4, png
 
 
 def sse_payloads(response: httpx.Response) -> list:

@@ -5,7 +5,7 @@ import json
 import openai
 import pytest
 
-from server_helpers import data_uri, image_message, metric_values, mp4, png, served_model
+from helpers.server_helpers import data_uri, image_message, metric_values, mp4, png, served_model
 
 MODEL = served_model()
 

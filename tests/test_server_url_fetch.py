@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from server_helpers import start_server
+from helpers.server_helpers import start_server
 
 
 def _png() -> bytes:

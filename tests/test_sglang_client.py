@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import vlserve.lang
-from lang_helpers import scene_png, served  # noqa: F401 - served is a fixture
+from helpers.lang_helpers import scene_png, served  # noqa: F401 - served is a fixture
 
 COLOURS = [" Red", " Green", " Blue", " Yellow", " Purple", " Orange"]
 METHODS = ["token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized"]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from server_helpers import data_uri, png
+from helpers.server_helpers import data_uri, png
 
 # What SGLang's frontend sends with every gen (RuntimeEndpoint.generate: its global_config's two
 # flags, then SglSamplingParams.to_srt_kwargs), plus the rest of SGLang's SamplingParams at their defaults.

@@ -3,9 +3,12 @@ every scenario ran, no check failed, no client hung, the invariants held after e
 levelled off, and the server degrades to 503s under overload and recovers."""
 
 import httpx
+import pytest
 
-from server_helpers import start_server
+from helpers.server_helpers import start_server
 from vlserve.bench.soak_driver import Soak, ramp
+
+pytestmark = pytest.mark.slow
 
 SOAK_MINUTES = 1.5
 

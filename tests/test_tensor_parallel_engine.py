@@ -18,12 +18,14 @@ import torch
 import torch.multiprocessing as mp
 from PIL import Image
 
-from tp_helpers import process_gone
+from helpers.tp_helpers import process_gone
 from vlserve import Engine
 from vlserve.core.errors import EngineBusy
 from vlserve.distributed import step_message, tp_runner
 from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 from vlserve.testing.tiny_anyres import make_tiny_llava_next
+
+pytestmark = pytest.mark.distributed
 
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 ENGINE = {"num_threads": 1, "max_total_tokens": 2048, "chunked_prefill_size": 24}

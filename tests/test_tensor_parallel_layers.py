@@ -7,13 +7,14 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tp_helpers import check_all_layers
+from helpers.tp_helpers import check_all_layers
 from vlserve.distributed.group import free_port
 from vlserve.model.tensor_parallel import (
     TPContext, VocabParallelEmbedding, check_shardable, kv_head_range, kv_heads_per_rank, vocab_range,
 )
 
 
+@pytest.mark.distributed
 def test_every_parallel_layer_matches_the_unsharded_one_on_two_gloo_ranks():
     mp.spawn(check_all_layers, args=(2, f"127.0.0.1:{free_port()}"), nprocs=2, join=True)
 

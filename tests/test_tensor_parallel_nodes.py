@@ -5,9 +5,13 @@ as tp_size=1 does, and node 1 exits 0 when node 0's engine shuts down."""
 import subprocess
 import sys
 
+import pytest
+
 from vlserve import Engine
 from vlserve.distributed.group import free_port
 from vlserve.testing.tiny import make_tiny_model
+
+pytestmark = pytest.mark.distributed
 
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 

@@ -9,11 +9,14 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
-from tp_helpers import process_gone
-from server_helpers import png, wait_healthy
+from helpers.tp_helpers import process_gone
+from helpers.server_helpers import png, wait_healthy
 from vlserve import Engine
 from vlserve.distributed.group import free_port
+
+pytestmark = pytest.mark.distributed
 
 REQUEST = {"text": "USER: <image>\nWhat is in the picture? ASSISTANT:",
            "sampling_params": {"max_new_tokens": 8, "temperature": 0}}

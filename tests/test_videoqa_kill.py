@@ -18,6 +18,8 @@ import pytest
 from vlserve.bench.videoqa import read_items
 from vlserve.bench.workload_defs import write_videoqa_set
 
+pytestmark = pytest.mark.slow
+
 MIN_KILLS = 8
 MAX_RUNS = 60
 LEFT_FOR_LAST = 3  # answers the last (unkilled) run must still give: it resumes, not just re-reads

@@ -27,7 +27,9 @@ import httpx
 import pytest
 from PIL import Image, ImageDraw
 
-from server_helpers import wait_healthy
+from helpers.server_helpers import wait_healthy
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"

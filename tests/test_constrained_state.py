@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from constrained_helpers import train_tokenizer
+from helpers.constrained_helpers import train_tokenizer
 
 from vlserve.constrained import ConstraintCompiler, ConstraintState
 
@@ -61,3 +61,24 @@ def test_a_special_token_other_than_eos_is_refused(tok, compiled):
     with pytest.raises(ValueError, match="not allowed"):
         state.replace_tail(0, [tok.bos_token_id])
     assert state.num_tokens == 0
+
+
+# ---- replace_tail is all-or-nothing (survivors of the mutation run on vlserve/constrained/:
+# benchmarks/results/mutation_constrained.md) ---------------------------------------------------
+
+
+def ids_of(tok, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False)
+
+
+def test_replace_tail_with_a_disallowed_id_changes_nothing(tok):
+    state = ConstraintState(ConstraintCompiler(tok).compile(regex="(yes|no)[0-9]{3}"))
+    for t in ids_of(tok, "yes1"):
+        state.advance(t)
+    before = (list(state.token_states), list(state.byte_states), state.num_tokens)
+    bad = ids_of(tok, "x")
+    with pytest.raises(ValueError, match="not allowed"):
+        state.replace_tail(1, ids_of(tok, "2") + bad)
+    assert (state.token_states, state.byte_states, state.num_tokens) == before
+    state.advance(ids_of(tok, "2")[0])  # the state still walks on from where it was
+    assert state.num_tokens == before[2] + 1

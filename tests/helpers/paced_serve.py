@@ -1,4 +1,4 @@
-"""`vlserve serve` with every forward paced: python tests/paced_serve.py SECONDS_PER_FORWARD [serve flags].
+"""`vlserve serve` with every forward paced: python tests/helpers/paced_serve.py SECONDS_PER_FORWARD [serve flags].
 
 For tests whose timing needs a request that outlasts a deadline: the tiny random model runs a
 2,000-token answer in about 1.5 s on a fast CPU, under a 2 s drain; paced to 5 ms a forward it

@@ -5,7 +5,7 @@ run on vlserve/scheduler/prefill.py: benchmarks/results/mutation_prefill_fast.md
 
 import pytest
 
-from test_mutation_kills_admission import CAPACITY, admission, computed, manager
+from helpers.small_kv_pool import CAPACITY, admission, computed, manager
 from vlserve.core.request import Req
 from vlserve.core.sampling_params import SamplingParams
 
@@ -69,3 +69,40 @@ def test_a_decoding_request_holds_back_no_one():
     follower = Req("follower", prompt + [42, 43], SamplingParams(max_new_tokens=2))
     plan = admission(cm, prefix_share_threshold=1).admit([follower], [decoding], token_budget=64)
     assert planned(plan) == [("follower", 2)]  # the tree's 8 hit; token 42's KV is not on its way
+
+
+# ---- PrefillAdmission's decode reserve and in-batch prefix sharing, directly on a small pool (survivors
+# of the mutation run on vlserve/scheduler/prefill.py: benchmarks/results/mutation_admission.md) -------
+
+
+@pytest.mark.parametrize("ratio, max_new_tokens, outputs, reserve", [
+    (0.5, 10, 0, 5), (0.55, 10, 0, 6), (0.5, 10, 4, 3), (0.5, 10, 10, 0), (1.0, 7, 0, 7)])
+def test_the_decode_reserve_is_the_remaining_tokens_times_the_ratio_rounded_up(ratio, max_new_tokens, outputs,
+                                                                                reserve):
+    req = Req("r", [1, 2], SamplingParams(max_new_tokens=max_new_tokens))
+    req.output_ids = [3] * outputs
+    assert admission(manager(), ratio).reserve(req) == reserve
+
+
+def test_a_prompt_and_its_reserve_must_fit_the_pool():
+    cm = manager()
+    fits = Req("fits", list(range(1, 17)), SamplingParams(max_new_tokens=32))  # 16 + 32 * 0.5 = 32
+    too_big = Req("big", list(range(1, 18)), SamplingParams(max_new_tokens=32))  # 17 + 16 = 33
+    assert [p.req for p in admission(cm).admit([too_big], [], token_budget=64)] == []
+    assert too_big.req_row is None and cm.rows.num_free == 2 and cm.available_slots() == CAPACITY
+    assert [p.req for p in admission(cm).admit([fits], [], token_budget=64)] == [fits]
+
+
+def test_no_in_batch_sharing_without_a_cache_or_without_a_threshold():
+    # the second request shares all but its last token with the first: with a cache and a threshold
+    # it borrows the first one's slots for them; without a cache there is nothing to share
+    def two() -> list[Req]:
+        prompt = list(range(1, 9))
+        return [Req("a", prompt + [20], SamplingParams(max_new_tokens=2)),
+                Req("b", prompt + [21], SamplingParams(max_new_tokens=2))]
+    for cm, threshold in ((manager(disable_radix_cache=True), 4), (manager(), 0)):
+        planned = admission(cm, prefix_share_threshold=threshold).admit(two(), [], token_budget=64)
+        assert [(p.req.rid, p.num_tokens) for p in planned] == [("a", 9), ("b", 9)]
+        assert planned[1].req.borrowed is None
+    sharing = admission(manager(), prefix_share_threshold=4).admit(two(), [], token_budget=64)
+    assert [(p.req.rid, p.num_tokens) for p in sharing] == [("a", 9), ("b", 1)]

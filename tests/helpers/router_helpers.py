@@ -2,8 +2,8 @@
 
 import os
 
-from lang_helpers import AppServer
-from server_helpers import data_uri, png
+from helpers.lang_helpers import AppServer
+from helpers.server_helpers import data_uri, png
 
 
 def app_thread(app) -> AppServer:

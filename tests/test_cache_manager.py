@@ -4,10 +4,13 @@ freeing with the cache disabled, rewind and a failed forward (survivors of the f
 vlserve/scheduler/cache_manager.py: benchmarks/results/mutation_cache_manager_fast.md)."""
 
 import pytest
+import torch
 
-from test_mutation_kills_admission import CAPACITY, computed, manager
+from helpers.small_kv_pool import CAPACITY, computed, manager
+from vlserve.core.config import MemoryConfig
 from vlserve.core.request import Req
 from vlserve.core.sampling_params import SamplingParams
+from vlserve.memory.pools import KVMemory, KVShape
 from vlserve.scheduler.cache_manager import CacheManager
 
 PROMPT = list(range(1, 11))  # 10 tokens
@@ -135,3 +138,45 @@ def test_rewind_frees_the_pages_past_the_new_end(page_size, kv_len, new_kv_len, 
     taken = set(range(CAPACITY)) - {s for page in cm.allocator._free_pages
                                      for s in range(page * page_size, (page + 1) * page_size)}
     assert set(kept) <= taken  # what stays is still the request's
+
+
+# ---- CacheManager's accounting at its edges, directly on a small pool (survivors of the mutation run
+# on vlserve/scheduler/cache_manager.py: benchmarks/results/mutation_admission.md) ---------------------
+
+
+def test_available_slots_count_what_eviction_can_free():
+    cm = manager()
+    cm.release(computed(cm, list(range(1, 11))))  # 10 tokens now cached in the tree, unlocked
+    assert cm.allocator.num_free_slots == CAPACITY - 10 and cm.cache.evictable_size() == 10
+    assert cm.available_slots() == CAPACITY
+    assert cm.pool_state() == {"free": CAPACITY - 10, "cached": 10, "in_use": 0}  # the gauges' state labels
+    other = Req("o", [99], SamplingParams())
+    assert cm.admit(other)
+    cm.alloc(other, cm.available_slots())  # the whole pool: only possible by evicting the tree
+    assert cm.allocator.num_free_slots == 0 and cm.cache.total_size() == 0
+
+
+def test_admit_refuses_when_every_row_is_taken():
+    cm = manager(rows=1)
+    first = computed(cm, [1, 2, 3])
+    late = Req("late", [1, 2, 3, 4], SamplingParams())
+    assert cm.admit(late) is False
+    assert late.req_row is None and late.last_node is None and late.kv_len == 0
+    assert cm.rows.num_free == 0
+    cm.release(first)
+    assert cm.admit(late) and late.req_row is not None
+
+
+def test_rewind_into_tree_owned_kv_is_refused():
+    cm = manager()
+    req = computed(cm, list(range(1, 9)))
+    cm.cache_prefix(req)  # the tree now owns positions 0..7
+    assert req.tree_len == 8
+    with pytest.raises(AssertionError, match="^cannot rewind into tree-owned KV$"):
+        cm.rewind(req, 4)
+
+
+def test_the_radix_cache_is_on_unless_disabled():
+    memory = KVMemory.create(KVShape(1, 1, 4, torch.float32), MemoryConfig(
+        max_total_tokens=CAPACITY, page_size=1, max_running_requests=1, context_length=CAPACITY))
+    assert not CacheManager(memory).cache.disabled

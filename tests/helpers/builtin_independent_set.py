@@ -6,7 +6,7 @@ It stands for the pictures a new user draws: shapes anywhere and of any size, th
 found wrong (one centred triangle, two shapes side by side, one large circle across the middle),
 wide and tall pictures, videos moving any way, pictures with no shape at all, and real photographs.
 
-    python tests/builtin_independent_set.py [MODEL_DIR]     # prints per-type accuracy
+    python tests/helpers/builtin_independent_set.py [MODEL_DIR]     # prints per-type accuracy
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import os
 import sys
 from types import ModuleType
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
+BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
 
 
 def load_benchmark_script(name: str) -> ModuleType:

@@ -7,9 +7,9 @@ import threading
 import httpx
 import pytest
 
-from server_helpers import assert_leak_free, metric_values
+from helpers.server_helpers import assert_leak_free, metric_values
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 from common import scene as scene_png, video_scene as scene_video  # noqa: E402,F401 - the examples' scenes
 from vlserve.lang.backend.runtime_endpoint import RuntimeEndpoint
 from vlserve.server.app import make_engine

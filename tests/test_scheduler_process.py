@@ -10,8 +10,8 @@ import logging
 
 import pytest
 import torch
-from constrained_helpers import train_tokenizer
-from test_mutation_kills_scheduler import TOKEN, assert_idle, gauges, scheduler, step, submit
+from helpers.constrained_helpers import train_tokenizer
+from test_scheduler_lifecycle import TOKEN, assert_idle, gauges, scheduler, step, submit
 
 from vlserve.constrained import ConstraintCompiler, ConstraintState
 from vlserve.core.config import MemoryConfig
