@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = bench_model(f"/tmp/vlserve-bench-models/{args.spec}", BENCH_SPEC if args.spec == "bench" else SMALL_SPEC)
-    rows = ["| workload | requests | Σ prompt | Σ cached | hit rate | optimum | of optimum | missed tokens (last token / same round / other) |",
+    rows = ["| workload | requests | Σ prompt | Σ cached | hit rate | optimum | of optimum "
+            "| missed tokens (last token / same round / other) |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     notes = []
     for name in args.workloads.split(","):
@@ -135,8 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         print(rows[-1], flush=True)
         for d in miss["details"]:
             notes.append(f"- {name}: request {d['request']} ({d['prompt']} prompt tokens) got {d['cached']} cached; "
-                         f"{d['cached_before_round']} were in the cache before its round; {d['missed']} missed ({d['kind']})")
-    text = ("Command: `python benchmarks/cache_hit_rate.py " + " ".join(argv if argv is not None else sys.argv[1:]) + "`\n\n"
+                         f"{d['cached_before_round']} were in the cache before its round; "
+                         f"{d['missed']} missed ({d['kind']})")
+    command = "python benchmarks/cache_hit_rate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = (f"Command: `{command}`\n\n"
             + "\n".join(rows) + "\n\n" + ("Missed tokens, request by request:\n\n" + "\n".join(notes) if notes else
                                            "No missed tokens.") + "\n")
     write_report(args.out, text)

@@ -5,10 +5,11 @@ first token for a first and a repeated image, on random checkpoints with the pub
 
 Each variant's checkpoint is `make-tiny-model --arch A --text T --vision V` with the geometry of
 the published towers (CLIP: 336 px in 14-px patches -> 576 features per view; SigLIP: 384 px ->
-729; OneVision with its published 6x6 grids and anyres_max_9), a small random decoder and tower width. Token counts therefore equal the published models'; times are for this small model
-(the tower's depth and width, not its geometry, are what is scaled down). TTFT: wall time of a
-1-token request, preprocessing included; a first picture (new pixels) then the same bytes with
-another question, alternating, median of the trials.
+729; OneVision with its published 6x6 grids and anyres_max_9), a small random decoder and tower
+width. Token counts therefore equal the published models'; times are for this small model (the
+tower's depth and width, not its geometry, are what is scaled down). TTFT: wall time of a 1-token
+request, preprocessing included; a first picture (new pixels) then the same bytes with another
+question, alternating, median of the trials.
 """
 
 import argparse
@@ -75,7 +76,8 @@ def measure(arch: str, text: str, vision: str, trials: int, threads: int) -> lis
                 first.append(ttft(engine, image, "What is in this picture?"))
                 repeat.append(ttft(engine, image, "Which colour is at the top left?"))
             f, r = statistics.median(first), statistics.median(repeat)
-            rows.append(f"| {arch} / {text} / {vision} | {width}x{height} | {tokens} | {f:.3f} | {r:.3f} | {r / f:.1%} |")
+            rows.append(f"| {arch} / {text} / {vision} | {width}x{height} | {tokens} "
+                        f"| {f:.3f} | {r:.3f} | {r / f:.1%} |")
             print(rows[-1], flush=True)
     return rows
 
@@ -86,11 +88,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/families.md")
     args = ap.parse_args(argv)
-    rows = ["| family (arch / text / vision) | picture | tokens per image | first image TTFT (s, median) | repeated image TTFT (s) | repeat / first |",
+    rows = ["| family (arch / text / vision) | picture | tokens per image | first image TTFT (s, median) "
+            "| repeated image TTFT (s) | repeat / first |",
             "| --- | --- | ---: | ---: | ---: | ---: |"]
     for arch, text, vision in VARIANTS:
         rows += measure(arch, text, vision, args.trials, args.threads)
-    write_report(args.out, f"Command: `python benchmarks/families.py --trials {args.trials}`\n\n" + "\n".join(rows) + "\n")
+    write_report(args.out,
+                 f"Command: `python benchmarks/families.py --trials {args.trials}`\n\n" + "\n".join(rows) + "\n")
     return 0
 
 

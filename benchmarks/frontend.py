@@ -46,7 +46,8 @@ def start_server(**overrides):
 
 def counters(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics", timeout=10).text
-    wanted = ("vlserve_prompt_tokens_total", "vlserve_cached_prompt_tokens_total", "vlserve_vision_encoder_images_total")
+    wanted = ("vlserve_prompt_tokens_total", "vlserve_cached_prompt_tokens_total",
+              "vlserve_vision_encoder_images_total")
     found = {}
     for line in text.splitlines():
         name = line.split(" ")[0].split("{")[0]  # every series carries a model_name label
@@ -209,8 +210,8 @@ def main() -> None:
 
 def table(results: dict) -> str:
     buf = io.StringIO()
-    buf.write("| program | run | programs/s | wall s | prompt tokens | cached | computed | hit rate | vision-tower images "
-              "| lines |\n")
+    buf.write("| program | run | programs/s | wall s | prompt tokens | cached | computed | hit rate "
+              "| vision-tower images | lines |\n")
     buf.write("|---|---|---|---|---|---|---|---|---|---|\n")
     for name in PROGRAMS:
         r = results[name]
@@ -221,7 +222,8 @@ def table(results: dict) -> str:
             m = r[run]
             lines = r["lines"]["plain_openai" if run == "plain_openai" else "vlserve.lang"]
             buf.write(f"| {name} | {run} | {m['programs_per_s']} | {m['wall_s']} | {m['prompt_tokens']} | "
-                      f"{m['cached_tokens']} | {m['prompt_tokens'] - m['cached_tokens']} | {m['hit_rate']:.1%} | {m['vision_tower_images']} | {lines} |\n")
+                      f"{m['cached_tokens']} | {m['prompt_tokens'] - m['cached_tokens']} | {m['hit_rate']:.1%} | "
+                      f"{m['vision_tower_images']} | {lines} |\n")
     s = results["speculation"]
     buf.write(f"\nSpeculative execution on /v1/completions: {s['without']['calls']} calls / "
               f"{s['without']['prompt_tokens']} billed prompt tokens without, {s['with']['calls']} / "

@@ -18,7 +18,8 @@ def chat(client, model, messages, **kwargs) -> str:
 
 def image_turn(picture: bytes, text: str) -> dict:
     url = "data:image/png;base64," + base64.b64encode(picture).decode()
-    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}
+    return {"role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}
 
 
 def yes_or_no(client, model, messages) -> str:

@@ -57,7 +57,8 @@ def main() -> int:
              f"- machine: {platform.node()} ({platform.platform()}), {os.cpu_count()} CPUs",
              f"- examples per operation and generation mode: {examples} (the suite: {suite_examples()})", "",
              "| seed | result | wall |", "| --- | --- | --- |"]
-    lines += [f"| {r['seed']} | {'pass' if r['rc'] == 0 else 'FAIL'}: {r['summary'].strip('= ')} | {r['wall_s']:.0f} s |"
+    lines += [f"| {r['seed']} | {'pass' if r['rc'] == 0 else 'FAIL'}: {r['summary'].strip('= ')} "
+              f"| {r['wall_s']:.0f} s |"
               for r in runs]
     for r in runs:
         if r["rc"]:

@@ -46,7 +46,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results/image_cache.md")
     args = ap.parse_args()
-    lines = ["| upload | bytes | prepare_image / prepare_video ms | cache hit ms | ratio |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| upload | bytes | prepare_image / prepare_video ms | cache hit ms | ratio |",
+             "| --- | ---: | ---: | ---: | ---: |"]
     for name, data in (("PNG 336x336", photo(336, 336, "PNG")), ("JPEG 1920x1080", photo(1920, 1080, "JPEG"))):
         cache = ProcessedImageCache()
         cache.prepare_image(data, PROCESSING)

@@ -84,10 +84,11 @@ def main(argv=None) -> int:
     off, on = run(model, False, args.requests), run(model, True, args.requests)
     ratio_decode = off["decode_passes"] / max(1, on["decode_passes"])
     ratio_all = off["all_passes"] / max(1, on["all_passes"])
+    command = " ".join([os.path.basename(sys.executable), "benchmarks/jump_forward.py"] + (argv or sys.argv[1:]))
     lines = [
         "# Jump-forward decoding (compressed FSM) on vs off",
         "",
-        f"Command: `{' '.join([os.path.basename(sys.executable), 'benchmarks/jump_forward.py'] + (argv or sys.argv[1:]))}`  ",
+        f"Command: `{command}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch threads {args.threads}; "
         f"date {datetime.date.today()}; model {os.path.basename(model.rstrip('/'))}  ",
         f"Workload: {args.requests} greedy requests, JSON schema with five long constant keys "
@@ -98,7 +99,8 @@ def main(argv=None) -> int:
     ]
     for r in (off, on):
         lines.append(f"| {'on' if r['jump'] else 'off'} | {r['outputs']} | {r['tokens']} | {r['decode_passes']:.0f} | "
-                     f"{r['all_passes']:.0f} | {r['all_passes'] / r['outputs']:.1f} | {r['wall_s']:.2f} | {r['req_per_s']:.2f} |")
+                     f"{r['all_passes']:.0f} | {r['all_passes'] / r['outputs']:.1f} | {r['wall_s']:.2f} "
+                     f"| {r['req_per_s']:.2f} |")
     lines += ["", f"Decode passes: {ratio_decode:.2f}x fewer with jump-forward; all forward passes: "
               f"{ratio_all:.2f}x fewer; throughput {on['req_per_s'] / off['req_per_s']:.2f}x "
               "(target: at least 2x fewer decode passes; the paper reports 1.6x throughput)."]

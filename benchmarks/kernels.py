@@ -144,7 +144,6 @@ def copy_bandwidth() -> float:
     src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     ms = cuda_time_ms(lambda: dst.copy_(src), warmup=2, iters=10)
-    del src, dst
     return 2 * (2 << 30) / (ms * 1e-3)
 
 

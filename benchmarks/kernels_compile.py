@@ -44,8 +44,9 @@ TRITON_TYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf
 
 def compile_kernel(fn, dtype: torch.dtype, constexprs: dict, num_warps: int, num_stages: int, arch: int):
     constexprs = dict(constexprs, **{name: 1 for name in fn.arg_names if name in UNIT_STRIDES})
-    pointers = dict(INDEX_POINTERS, **{name: "*" + TRITON_TYPE[dtype] for name in ("Q", "K", "V", "O")})
-    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name == "qk_scale" else "i32")
+    pointers = dict(INDEX_POINTERS, **{name: "*" + TRITON_TYPE[dtype] for name in ("Q", "K", "V", "Out")})
+    scalar_type = {name: "fp32" if name == "qk_scale" else "i32" for name in fn.arg_names}
+    signature = {name: "constexpr" if name in constexprs else pointers.get(name, scalar_type[name])
                  for name in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if name in DIV16_ARGS or name in pointers}

@@ -80,7 +80,8 @@ def main() -> int:
     for fmt in ("JPEG", "PNG"):
         data = image_bytes(side, fmt)
         seconds, _ = timed(lambda: prepare_image(data, PROCESSING, limits))
-        rows.append(f"| {fmt} {side}x{side} ({side * side / 1e6:.1f} Mpx, {len(data) / 2**20:.1f} MiB) | {seconds:.2f} s |")
+        rows.append(f"| {fmt} {side}x{side} ({side * side / 1e6:.1f} Mpx, {len(data) / 2**20:.1f} MiB) "
+                    f"| {seconds:.2f} s |")
     width, height = 640, 360
     video = video_bytes(args.video_seconds, width, height)
     frames = args.video_seconds * 30

@@ -186,8 +186,10 @@ def summarize(runs: dict[str, list[dict]], args, large: list[bytes]) -> str:
         "",
         f"- command: `python {' '.join(shlex.quote(a) for a in sys.argv)}`",
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-        f"- machine: {platform.node()} ({platform.platform()}), {os.cpu_count()} CPUs, python {platform.python_version()}",
-        f"- model: random LLaVA, decoder hidden {args.hidden} x {args.layers} layers; server torch threads {args.threads}",
+        f"- machine: {platform.node()} ({platform.platform()}), {os.cpu_count()} CPUs, "
+        f"python {platform.python_version()}",
+        f"- model: random LLaVA, decoder hidden {args.hidden} x {args.layers} layers; "
+        f"server torch threads {args.threads}",
         f"- load: {args.images} {args.format.upper()} images of {args.size}x{args.size} ({mb:.1f} MiB in all) via "
         f"{'/upload multipart' if args.route == 'upload' else '/v1/chat/completions data URIs'}, all at once; "
         f"median of {args.repeats} runs",
@@ -198,7 +200,8 @@ def summarize(runs: dict[str, list[dict]], args, large: list[bytes]) -> str:
         f"| while {args.images} 32x32 images arrive (same prefill work) | {med['small']:.1f} |",
         f"| while {args.images} {args.size}x{args.size} images arrive ({window:.2f} s window) | {med['large']:.1f} |",
         "",
-        f"**ratio large / alone = {med['large'] / med['alone']:.2f}**; large / small = {med['large'] / med['small']:.2f}",
+        f"**ratio large / alone = {med['large'] / med['alone']:.2f}**; "
+        f"large / small = {med['large'] / med['small']:.2f}",
         "",
         "Per run: " + json.dumps(runs),
         "",

@@ -143,7 +143,8 @@ def main():
 def report(results: dict, args, names: list[str]) -> str:
     med = {n: {b: {k: statistics.median(v) for k, v in r.items()} for b, r in rs.items()} for n, rs in results.items()}
     head = (f"Per computed token, BENCH_SPEC, torch {torch.__version__}, {args.threads} threads, "
-            f"{platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()}), {args.clock} clock, "
+            f"{platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()}), "
+            f"{args.clock} clock, "
             f"load average at the end {os.getloadavg()[0]:.1f}; prompt {args.prompt} new tokens "
             f"(every second request behind a cached {args.prefix}-token prefix), {args.steps} decode steps, "
             f"median of {args.repeats}.\n\n")

@@ -1,6 +1,7 @@
 """Radix-tree and scheduling overhead on the zero-reuse control, as a share of wall time (issue 3).
 
-    python benchmarks/radix_overhead.py [--spec bench] [--policy lpm] [--repeats 1] [--out benchmarks/results/radix_overhead.md]
+    python benchmarks/radix_overhead.py [--spec bench] [--policy lpm] [--repeats 1] \
+        [--out benchmarks/results/radix_overhead.md]
 
 Every method of RadixCache, CacheManager and RoundSharing (in-batch prefix sharing), and
 SchedulePolicy.order, is wrapped with a timer here (in this script only). Only the outermost wrapped call on a thread is
@@ -130,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = bench_model(f"/tmp/vlserve-bench-models/{args.spec}", BENCH_SPEC if args.spec == "bench" else SMALL_SPEC)
-    lines = [f"Command: `python benchmarks/radix_overhead.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
-             "| run | wall (s) | timed overhead (ms) | share of wall | of which slot allocation + req_to_token (ms) | share without them | hit rate | top methods (ms) |",
+    command = "python benchmarks/radix_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    lines = [f"Command: `{command}`", "",
+             "| run | wall (s) | timed overhead (ms) | share of wall | of which slot allocation + req_to_token (ms) "
+             "| share without them | hit rate | top methods (ms) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     shares = []
     for k in range(args.repeats):
@@ -141,12 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         top = sorted(timer.seconds.items(), key=lambda kv: -kv[1])[:6]
         top_s = ", ".join(f"{name} {sec * 1e3:.2f} ({timer.calls[name]} calls)" for name, sec in top)
         inner = timer.inner_total()
-        lines.append(f"| {args.policy} #{k + 1} | {wall:.2f} | {timer.total() * 1e3:.2f} | {share:.4%} | {inner * 1e3:.2f} "
-                     f"| {(timer.total() - inner) / wall:.4%} | {hit:.4f} | {top_s} |")
+        lines.append(f"| {args.policy} #{k + 1} | {wall:.2f} | {timer.total() * 1e3:.2f} | {share:.4%} "
+                     f"| {inner * 1e3:.2f} | {(timer.total() - inner) / wall:.4%} | {hit:.4f} | {top_s} |")
         print(lines[-1], flush=True)
     wall_off, _, _, _ = run_once(model, "fcfs", args.threads, timed=False, disable_radix_cache=True)
     lines.append(f"| fcfs, --disable-radix-cache (untimed, for reference) | {wall_off:.2f} | | | | | 0 | |")
-    lines += ["", f"Zero-reuse control: {len(W.zero_reuse())} requests, {prompt_tokens} prompt tokens, 16 new tokens each; "
+    lines += ["", f"Zero-reuse control: {len(W.zero_reuse())} requests, {prompt_tokens} prompt tokens, "
+              "16 new tokens each; "
               f"worst share {max(shares):.4%} (target < 0.3%, aim < 0.1%)."]
     text = "\n".join(lines) + "\n"
     write_report(args.out, text)

@@ -56,8 +56,8 @@ def main(argv=None) -> int:
             f, r, a = statistics.median(first), statistics.median(repeat), statistics.median(again)
             rows.append(f"| {name} | {f:.3f} | {r:.3f} | {r / f:.1%} | {a:.3f} |")
             print(rows[-1], flush=True)
-    write_report(args.out, f"Command: `python benchmarks/repeat_image_ttft.py --spec {args.spec} --trials {args.trials}`"
-                           "\n\n" + "\n".join(rows) + "\n")
+    command = f"python benchmarks/repeat_image_ttft.py --spec {args.spec} --trials {args.trials}"
+    write_report(args.out, f"Command: `{command}`\n\n" + "\n".join(rows) + "\n")
     return 0
 
 

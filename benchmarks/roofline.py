@@ -14,7 +14,8 @@ Two modes:
   before and after each system's run: a second share against those, which follows the host's slow
   spells that a peak taken minutes away misses):
 
-    python benchmarks/roofline.py --results benchmarks/results/issue15_fp32_final --out benchmarks/results/roofline_all.md
+    python benchmarks/roofline.py --results benchmarks/results/issue15_fp32_final \
+        --out benchmarks/results/roofline_all.md
 """
 
 import glob
@@ -51,15 +52,17 @@ def one_workload(args) -> str:
     counts = flops.pop("_counts")
     total = sum(flops.values())
     achieved = total / wall / 1e9
-    lines = [f"Roofline, workload {args.workload} ({len(jobs)} requests), BENCH_SPEC, {args.dtype}, {args.threads} threads.", "",
+    lines = [f"Roofline, workload {args.workload} ({len(jobs)} requests), BENCH_SPEC, {args.dtype}, "
+             f"{args.threads} threads.", "",
              "| FLOPs that had to be computed | GFLOP |", "| --- | ---: |"]
     lines += [f"| {k} | {v / 1e9:.1f} |" for k, v in flops.items()]
     lines += [f"| total | {total / 1e9:.1f} |", "",
-              f"Counts: {counts[0]} unique prompt tokens, {counts[1]} decode forwards' tokens, {counts[2]} unique images.",
+              f"Counts: {counts[0]} unique prompt tokens, {counts[1]} decode forwards' tokens, "
+              f"{counts[2]} unique images.",
               "",
               "| figure | value |", "| --- | ---: |",
-              f"| GEMM peak ({args.peak_rows}x1024x2816 in {args.dtype}; before / after the run) | {peak_before:.0f} ({path_before}) / "
-              f"{peak_after:.0f} ({path_after}) GFLOP/s |",
+              f"| GEMM peak ({args.peak_rows}x1024x2816 in {args.dtype}; before / after the run) "
+              f"| {peak_before:.0f} ({path_before}) / {peak_after:.0f} ({path_after}) GFLOP/s |",
               f"| workload wall time | {wall:.2f} s |",
               f"| achieved | {achieved:.1f} GFLOP/s |",
               f"| share of the GEMM roofline | {achieved / peak:.1%} |"]
@@ -77,15 +80,17 @@ def from_results(args) -> str:
     model_dir = args.model or bench_model("/tmp/vlserve-bench-models/bench", BENCH_SPEC)
     lines = [f"Roofline of every system in `{args.results}` ({results[0].get('meta', {}).get('command', '?')}); "
              "FLOPs that had to be computed (vlserve/bench/flops.py) over each system's wall time, against the "
-             f"GEMM peak ({PEAK_ROWS}x1024x2816, in the run's dtype: {results[0].get('dtype', 'float32')}) that workloads.py "
-             "measured before and after the workload in that run; each share is held to the higher of the two. "
-             "Where recorded, the peak was also sampled just before and just after each system's run (for vlserve "
-             "around the timed batches, for a peer around its whole call): 'share against it' holds the run to the "
-             "higher of those two. Where the run timed several batches (workloads.py --batches, caches emptied "
-             "before each), wall s is the fastest one's, and the last column gives every batch's share against the "
-             "workload's peak, in the order they ran.",
-             "", "| workload | GFLOP required | GEMM peak GFLOP/s (before / after) | system | wall s | achieved GFLOP/s "
-             "| share of the roofline | peak beside the run (before / after) | share against it | every batch's share |",
+             f"GEMM peak ({PEAK_ROWS}x1024x2816, in the run's dtype: {results[0].get('dtype', 'float32')}) "
+             "that workloads.py measured before and after the workload in that run; each share is held to the higher "
+             "of the two. Where recorded, the peak was also sampled just before and just after each system's run "
+             "(for vlserve around the timed batches, for a peer around its whole call): 'share against it' holds the "
+             "run to the higher of those two. Where the run timed several batches (workloads.py --batches, caches "
+             "emptied before each), wall s is the fastest one's, and the last column gives every batch's share "
+             "against the workload's peak, in the order they ran.",
+             "",
+             "| workload | GFLOP required | GEMM peak GFLOP/s (before / after) | system | wall s | achieved GFLOP/s "
+             "| share of the roofline | peak beside the run (before / after) | share against it "
+             "| every batch's share |",
              "| --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: | --- |"]
     with Engine(model_dir, num_threads=1, video_frames=8) as engine:
         for res in results:
@@ -94,7 +99,8 @@ def from_results(args) -> str:
             total = sum(flops.values())
             peaks = res.get("gemm_peak_gflops")
             if not peaks:
-                lines.append(f"| {res['workload']} | {total / 1e9:.1f} | not recorded (rerun workloads.py) | | | | | | | |")
+                lines.append(f"| {res['workload']} | {total / 1e9:.1f} "
+                             "| not recorded (rerun workloads.py) | | | | | | | |")
                 continue
             for s in res["systems"]:
                 achieved = total / s["wall_s"] / 1e9

@@ -68,13 +68,14 @@ def render(args, report, steps) -> str:
                      f"{values[min(len(values) - 1, int(len(values) * 0.99))]:.3f} |")
     lines += ["", "Invariants after each phase (free + cached == capacity, nothing locked, tree integrity): "
               f"{'held every time' if not report.failures else 'see failures'}", "",
-              "| t (s) | requests so far | RSS (MB) | open fds | pool free / cached / in use |", "| ---: | ---: | ---: | ---: | --- |"]
+              "| t (s) | requests so far | RSS (MB) | open fds | pool free / cached / in use |",
+              "| ---: | ---: | ---: | ---: | --- |"]
     lines += [f"| {ph['t']:.0f} | {ph['requests']} | {ph['rss_mb']:.0f} | {ph['fds']} | "
               f"{ph['pool']['free']} / {ph['pool']['cached']} / {ph['pool']['in_use']} |" for ph in report.phases]
     lines += ["", "Overload ramp (--max-waiting-requests 8): every answer is 200 or 503 with Retry-After.", "",
               "| clients | requests | ok/s | 503 share | other statuses |", "| ---: | ---: | ---: | ---: | --- |"]
-    lines += [f"| {s['clients']} | {s['requests']} | {s['ok_per_s']:.1f} | {s['busy_share']:.1%} | {s['other'] or '-'} |"
-              for s in steps]
+    lines += [f"| {s['clients']} | {s['requests']} | {s['ok_per_s']:.1f} | {s['busy_share']:.1%} "
+              f"| {s['other'] or '-'} |" for s in steps]
     if report.failures:
         lines += ["", "Failures:", ""] + [f"- {f}" for f in report.failures[:50]]
     return "\n".join(lines) + "\n"

@@ -82,7 +82,8 @@ def summarise(run: PeerRun, optimum: float) -> SystemResult:
     cached = sum(run.cached_tokens) if run.cached_tokens is not None else None
     hit = cached / prompt if cached is not None and prompt else None
     return SystemResult(run.system, len(run.prompt_tokens), round(run.wall_s, 3),
-                        round(len(run.prompt_tokens) / run.wall_s, 3), round(sum(run.completion_tokens) / run.wall_s, 2),
+                        round(len(run.prompt_tokens) / run.wall_s, 3),
+                        round(sum(run.completion_tokens) / run.wall_s, 2),
                         prompt, cached, None if hit is None else round(hit, 4),
                         None if hit is None or not optimum else round(hit / optimum, 4),
                         percentiles(run.latency_s), percentiles(run.ttft_s), run.note, run.gemm_peak_gflops,
@@ -218,7 +219,8 @@ def plot(result: dict, path: str) -> None:
     systems = result["systems"]
     names = [label(s, result) for s in systems]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-    a.bar(names, [s["requests_per_s"] for s in systems], color=["#2a6" if n.startswith("vlserve") else "#888" for n in names])
+    a.bar(names, [s["requests_per_s"] for s in systems],
+          color=["#2a6" if n.startswith("vlserve") else "#888" for n in names])
     a.set_ylabel("requests / s")
     a.set_title(f"{result['workload']}: throughput")
     a.tick_params(axis="x", rotation=30)
@@ -238,9 +240,12 @@ def plot(result: dict, path: str) -> None:
 def markdown(results: list[dict], meta: dict) -> str:
     lines = [f"Command: `{meta['command']}` at {meta.get('commit', '?')}  ", f"Machine: {meta['machine']}  ",
              f"Date: {meta['date']}  ",
-             f"Model: {meta['model']}  ", f"Timed batches per system and repeat: {results[0].get('batches', 1) if results else 1} "
-             "(caches emptied before each; a row's figures are its fastest batch's, every batch's wall in the JSON)", "",
-             "| workload | system | req/s | out tok/s | latency p50 / p99 (s) | TTFT p50 / p99 (s) | hit rate | of optimum | note |",
+             f"Model: {meta['model']}  ",
+             f"Timed batches per system and repeat: {results[0].get('batches', 1) if results else 1} "
+             "(caches emptied before each; a row's figures are its fastest batch's, every batch's wall in the JSON)",
+             "",
+             "| workload | system | req/s | out tok/s | latency p50 / p99 (s) | TTFT p50 / p99 (s) | hit rate "
+             "| of optimum | note |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for res in results:
         for s in res["systems"]:
@@ -248,15 +253,16 @@ def markdown(results: list[dict], meta: dict) -> str:
             ttft = f"{s['ttft_s']['p50']} / {s['ttft_s']['p99']}" if s["ttft_s"] else "–"
             hit = "–" if s["hit_rate"] is None else f"{s['hit_rate']:.3f}"
             of = "–" if s["hit_rate_of_optimum"] is None else f"{s['hit_rate_of_optimum']:.1%}"
-            lines.append(f"| {res['workload']} | {label(s, res)} | {s['requests_per_s']:.2f} | {s['output_tokens_per_s']:.1f} "
-                         f"| {lat} | {ttft} | {hit} | {of} | {s['note']} |")
+            lines.append(f"| {res['workload']} | {label(s, res)} | {s['requests_per_s']:.2f} "
+                         f"| {s['output_tokens_per_s']:.1f} | {lat} | {ttft} | {hit} | {of} | {s['note']} |")
         for system, why in res["skipped"].items():
             lines.append(f"| {res['workload']} | {system} | skipped | | | | | | {why} |")
     lines += ["", "| workload | requests | mean prompt tokens | optimal hit rate | speed-ups of vlserve-lpm |",
               "| --- | ---: | ---: | ---: | --- |"]
     for res in results:
         sp = ", ".join(f"{k.removeprefix('lpm_over_')} {v}x" for k, v in speedups(res).items())
-        lines.append(f"| {res['workload']} | {res['requests']} | {res['mean_prompt_tokens']} | {res['optimal_hit_rate']:.3f} | {sp} |")
+        lines.append(f"| {res['workload']} | {res['requests']} | {res['mean_prompt_tokens']} "
+                     f"| {res['optimal_hit_rate']:.3f} | {sp} |")
     return "\n".join(lines) + "\n"
 
 
@@ -287,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     meta = {"command": command(argv), "commit": commit(),
             "machine": machine(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-            "model": f"{model_dir} ({num_parameters(model_dir) / 1e6:.1f} M parameters, stored fp32, run in {args.dtype}), "
-                     f"{args.threads} torch threads"}
+            "model": f"{model_dir} ({num_parameters(model_dir) / 1e6:.1f} M parameters, stored fp32, "
+                     f"run in {args.dtype}), {args.threads} torch threads"}
     results = []
     for name in names:
         res = run_workload(name, model_dir, systems, args.threads, args.vllm_venv, args.repeats, args.dtype,

@@ -1,4 +1,5 @@
-"""Triton paged-attention kernels and their PyTorch references (installed as vlserve.kernels; imports torch/triton only).
+"""Triton paged-attention kernels and their PyTorch references (installed as vlserve.kernels; imports
+torch/triton only).
 
 - decode_attention / extend_attention: Triton kernels (imported on first use, so that importing this
   package never needs triton, and TRITON_INTERPRET set later still takes effect).

@@ -83,7 +83,7 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    PartialOut, PartialLse, O,
+    PartialOut, PartialLse, Out,
     num_kv_splits,
     stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
@@ -110,7 +110,7 @@ def _decode_merge_kernel(
         acc = acc * alpha + part * weight
         denom = denom * alpha + weight
         m = m_new
-    tl.store(O + b * stride_ob + head * stride_oh + offs_d * stride_od, (acc / denom).to(O.dtype.element_ty),
+    tl.store(Out + b * stride_ob + head * stride_oh + offs_d * stride_od, (acc / denom).to(Out.dtype.element_ty),
              mask=mask_d)
 
 

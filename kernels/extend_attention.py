@@ -27,7 +27,7 @@ class ExtendConfig:
 
 @triton.jit
 def _extend_kernel(
-    Q, K, V, O, ReqToToken, ReqPoolIndices, SeqLens, ExtendLens, QoStartLoc,
+    Q, K, V, Out, ReqToToken, ReqPoolIndices, SeqLens, ExtendLens, QoStartLoc,
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
     stride_qt, stride_qh, stride_qd,
     stride_ks, stride_kh, stride_kd,
@@ -81,8 +81,8 @@ def _extend_kernel(
         m_i, l_i, acc = online_softmax_update(q, k, v, visible, qk_scale, m_i, l_i, acc, DOT_PRECISION)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
-    out = (acc / l_safe[:, None]).to(O.dtype.element_ty)
-    tl.store(O + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od, out, mask=mask_md)
+    out = (acc / l_safe[:, None]).to(Out.dtype.element_ty)
+    tl.store(Out + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od, out, mask=mask_md)
 
 
 def default_extend_config(dtype: torch.dtype) -> ExtendConfig:

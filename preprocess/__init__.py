@@ -7,7 +7,9 @@ from .image_loader import IMAGE_FORMATS, decode_image, load_image, to_rgb
 from .limits import MediaLimits, check_image_count
 from .anyres import AnyresProcessing, PooledVideoProcessing
 from .prepare import ProcessedImage, prepare_image, prepare_video, process_image
-from .processing import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ImageProcessing
+from .processing import (
+    IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ImageProcessing,
+)
 from .sources import MediaSource, read_source_bytes
 from .video import DEFAULT_NUM_FRAMES, SampledVideo, VideoInfo, load_video, read_video, sample_indices
 

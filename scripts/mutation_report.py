@@ -87,7 +87,8 @@ EQUIVALENT = [
      "with cut 0 the slice data[: len(data) - 0] is data itself: the shortcut only saves a copy"),
     ("vlserve/constrained/jump_forward.py", 'decode("utf-8")', 'decode("UTF-8")', "codec names ignore case"),
     ("vlserve/scheduler/cache_manager.py", "req.req_row, req.tree_len, req.kv_len", "req.req_row, None, req.kv_len",
-     "with the cache disabled tree_len is always 0 (nothing matches, cache_prefix returns at once): None slices the same"),
+     "with the cache disabled tree_len is always 0 (nothing matches, cache_prefix returns at once): "
+     "None slices the same"),
     ("vlserve/scheduler/cache_manager.py", "if first_free < req.kv_len:", "if first_free <= req.kv_len:",
      "at equality the range to free is empty, and SlotAllocator.free returns on an empty tensor"),
     ("vlserve/scheduler/cache_manager.py", "if short > 0:", "if short >= 0:",
@@ -110,7 +111,8 @@ EQUIVALENT = [
     ("vlserve/scheduler/cache_manager.py", "self.rows.read(req.req_row, 0, aligned)",
      "self.rows.read(req.req_row, None, aligned)", "a slice from None starts at 0"),
     ("vlserve/constrained/state.py", "self.eos_accepted = False", "self.eos_accepted = None",
-     "None is falsy like False; every reader (advance, fill_allowed_mask, is_terminated's `or`) tests it by truth value"),
+     "None is falsy like False; every reader (advance, fill_allowed_mask, is_terminated's `or`) "
+     "tests it by truth value"),
     ("vlserve/constrained/state.py", "if nxt is None or byte_state is None:", "if nxt is None and byte_state is None:",
      "the token and byte automata come from one regex and share state ids; next_state returns only live states, "
      "which the byte DFA reaches by the same bytes, and both refuse special and out-of-table ids: both are None "
@@ -221,8 +223,8 @@ def survivors(stage: Path, module: str, codes: dict) -> list[tuple[int, str, str
     return sorted(out)
 
 
-TABLE_HEAD = ["| module | mutants | checked | killed | timeout | survived | of them equivalent | no tests | not checked "
-              "| score | score without equivalents |",
+TABLE_HEAD = ["| module | mutants | checked | killed | timeout | survived | of them equivalent | no tests "
+              "| not checked | score | score without equivalents |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
 
 

@@ -44,15 +44,19 @@ class Metrics:
             return make(Histogram, name, doc, buckets=buckets)
 
         self.prompt_tokens = make(Counter, "vlserve_prompt_tokens", "Prompt tokens of finished prefills")
-        self.cached_prompt_tokens = make(Counter, "vlserve_cached_prompt_tokens", "Prompt tokens served from the radix cache")
+        self.cached_prompt_tokens = make(Counter, "vlserve_cached_prompt_tokens",
+                                         "Prompt tokens served from the radix cache")
         self.generation_tokens = make(Counter, "vlserve_generation_tokens", "Generated tokens")
         self.requests = make(Counter, "vlserve_requests", "Finished requests by status", ["status"])
-        self.finished = make(Counter, "vlserve_finished_requests", "Finished requests by finish reason", ["finished_reason"])
+        self.finished = make(Counter, "vlserve_finished_requests", "Finished requests by finish reason",
+                             ["finished_reason"])
         self.kv_capacity = make(Gauge, "vlserve_kv_pool_capacity_tokens", "KV pool capacity in tokens")
         self.kv_tokens = make(Gauge, "vlserve_kv_pool_tokens", "KV pool tokens by state", ["state"])
         self.forward_passes = make(Counter, "vlserve_forward_passes", "Model forward passes by mode", ["mode"])
-        self.vision_encoder_images = make(Counter, "vlserve_vision_encoder_images", "Images run through the vision tower")
-        self.vision_cache_hits = make(Counter, "vlserve_vision_cache_hits", "Images whose embedding came from the vision cache")
+        self.vision_encoder_images = make(Counter, "vlserve_vision_encoder_images",
+                                          "Images run through the vision tower")
+        self.vision_cache_hits = make(Counter, "vlserve_vision_cache_hits",
+                                      "Images whose embedding came from the vision cache")
         self.waiting = make(Gauge, "vlserve_num_waiting_requests", "Requests in the waiting queue")
         self.running = make(Gauge, "vlserve_num_running_requests", "Requests admitted and running")
         self.ttft = hist("vlserve_time_to_first_token_seconds", "Time to first token")
@@ -60,8 +64,8 @@ class Metrics:
         self.queue_time = hist("vlserve_queue_time_seconds", "Arrival to first admission")
         self.prefill_time = hist("vlserve_request_prefill_time_seconds", "First admission to first token")
         self.decode_time = hist("vlserve_request_decode_time_seconds", "First token to the end of the request")
-        self.tpot = hist("vlserve_time_per_output_token_seconds", "Mean time per output token after the first, per request",
-                         TOKEN_LATENCY_BUCKETS)
+        self.tpot = hist("vlserve_time_per_output_token_seconds",
+                         "Mean time per output token after the first, per request", TOKEN_LATENCY_BUCKETS)
         self.itl = hist("vlserve_inter_token_latency_seconds", "Time between two output steps of a request",
                         TOKEN_LATENCY_BUCKETS)
         self.grammar_compile_time = hist("vlserve_grammar_compile_seconds",

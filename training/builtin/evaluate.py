@@ -55,7 +55,8 @@ class Report:
                 continue
             lines += [f"{q:<14} {self.accuracy(q):>8.1%} {self.total[q]:>5}" for q in present]
             if len(present) > 1:
-                lines.append(f"{group + ' overall':<14} {self.overall(present):>8.1%} {sum(self.total[q] for q in present):>5}")
+                total = sum(self.total[q] for q in present)
+                lines.append(f"{group + ' overall':<14} {self.overall(present):>8.1%} {total:>5}")
         return "\n".join(lines)
 
 

@@ -22,24 +22,26 @@ and 288 for an 8-frame video. Training adds four things that are not saved:
   (the colour of a named shape among several, its side of the image, the direction of motion) and
   counting, and two moving shapes for every colour change among the training videos.
 
-Each sequence holds one to four question/answer turns about the same scene, which amortises the image
-tokens; the loss covers answer tokens only. What a CPU-second buys (issue 21's budget is 90 minutes
-on one core, from scratch): the decoder's forward and backward are nine tenths of a step, and they
-cost by padded tokens, so an image batch draws one turn count for all its rows (with a count per row
-31% of a batch was padding) and holds more scenes when the count is small (a fixed number of tokens
-a step); a video batch asks every question of each video (its 32-128 image tokens carry four answers,
-not two and a half) and comes every fourth step instead of every third. Captions, the type that
-lagged in every earlier run, weigh and are picked more. The vision warm-up is 800 steps (0.2 s each;
-the decoder keeps training the per-patch head afterwards). The train log records the process's CPU
-seconds, the checkpoint is written at every evaluation, so a stopped run leaves its last evaluated
-state, and `--cpu-minutes` stops a run (and saves it) when its CPU time is spent. Most prompts end with the chat template's "ASSISTANT: "
-and the answer follows as its own tokens (no leading space); RAW_PROMPT_SHARE of them end with a
-bare "ASSISTANT:" and the answer carries the space, so raw prompts written by hand still work.
+Each sequence holds one to four question/answer turns about the same scene, which amortises the
+image tokens; the loss covers answer tokens only. What a CPU-second buys (issue 21's budget is 90
+minutes on one core, from scratch): the decoder's forward and backward are nine tenths of a step,
+and they cost by padded tokens, so an image batch draws one turn count for all its rows (with a
+count per row 31% of a batch was padding) and holds more scenes when the count is small (a fixed
+number of tokens a step); a video batch asks every question of each video (its 32-128 image tokens
+carry four answers, not two and a half) and comes every fourth step instead of every third.
+Captions, the type that lagged in every earlier run, weigh and are picked more. The vision warm-up
+is 800 steps (0.2 s each; the decoder keeps training the per-patch head afterwards). The train log
+records the process's CPU seconds, the checkpoint is written at every evaluation, so a stopped run
+leaves its last evaluated state, and `--cpu-minutes` stops a run (and saves it) when its CPU time is
+spent. Most prompts end with the chat template's "ASSISTANT: " and the answer follows as its own
+tokens (no leading space); RAW_PROMPT_SHARE of them end with a bare "ASSISTANT:" and the answer
+carries the space, so raw prompts written by hand still work.
 
 `--init DIR` starts from an earlier checkpoint of the same shape: every weight is copied, and each
 token of the new vocabulary starts from the old embedding (and output row) of the same text, or of
-the same word with a leading space, or the mean of the old pieces it splits into. With `--steps` the run is deterministic from its
-seed; with `--minutes` the step count is fixed after timing the first steps and written to the log.
+the same word with a leading space, or the mean of the old pieces it splits into. With `--steps` the
+run is deterministic from its seed; with `--minutes` the step count is fixed after timing the first
+steps and written to the log.
 """
 
 from __future__ import annotations
@@ -264,7 +266,8 @@ def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
         colour_id = np.array([0] + [list(scenes.COLOURS).index(o.colour) + 1 for o in objects])[owner]
         centre = np.zeros(grid * grid, dtype=np.int64)
         for o, (x, y) in zip(objects, scenes.centroids(mask, len(objects))):
-            centre[min(grid - 1, int(y * grid)) * grid + min(grid - 1, int(x * grid))] = scenes.SHAPES.index(o.shape) + 1
+            patch = min(grid - 1, int(y * grid)) * grid + min(grid - 1, int(x * grid))
+            centre[patch] = scenes.SHAPES.index(o.shape) + 1
         out.append(np.stack([shape_id, colour_id, rows, cols, centre], axis=1))
     return np.stack(out)
 
@@ -401,8 +404,9 @@ class AuxHead(nn.Module):
         w = torch.where(targets[..., 0] > 0, 1.0, 0.2).reshape(-1)
         w_centre = torch.where(targets[..., 4] > 0, 1.0, 0.1).reshape(-1)  # centres are rarer still
         total = 0.0
-        for i, l in enumerate(logits):
-            ce = F.cross_entropy(l.reshape(-1, l.shape[-1]), targets[..., i].reshape(-1), reduction="none")
+        for i, head_logits in enumerate(logits):
+            ce = F.cross_entropy(head_logits.reshape(-1, head_logits.shape[-1]), targets[..., i].reshape(-1),
+                                 reduction="none")
             wi = w if i < 2 else w_centre if i == 4 else None
             total = total + ((ce * wi).sum() / wi.sum() if wi is not None else 0.5 * ce.mean())
         return total
@@ -502,7 +506,7 @@ def eval_batches(maker: BatchMaker, seed: int, n_images: int = 200, n_videos: in
 def aux_accuracy(model, aux: AuxHead, batch: Batch) -> dict[str, tuple[int, int]]:
     """How well the projector's output encodes each patch target (shape/colour on object patches)."""
     _, _, feats, _ = forward(model, batch)
-    preds = [l.argmax(-1) for l in aux.proj(feats).split(aux.sizes, dim=-1)]
+    preds = [head_logits.argmax(-1) for head_logits in aux.proj(feats).split(aux.sizes, dim=-1)]
     on_object = batch.patch_targets[..., 0] > 0
     out = {}
     for i, name in enumerate(("aux_shape", "aux_colour", "aux_row", "aux_col", "aux_centre")):
@@ -643,8 +647,9 @@ def train(args: TrainArgs) -> None:
         bar.update(1)
         bar.set_postfix(lm=f"{lm.item():.3f}", aux=f"{aux_loss.item():.3f}", attn=f"{attn_loss.item():.3f}")
         with open(log_path, "a", newline="") as f:
-            csv.writer(f).writerow([step, f"{elapsed:.1f}", f"{time.process_time():.1f}", f"{opt.param_groups[0]['lr']:.2e}",
-                                    f"{lm.item():.4f}", f"{aux_loss.item():.4f}", f"{attn_loss.item():.4f}"])
+            csv.writer(f).writerow([step, f"{elapsed:.1f}", f"{time.process_time():.1f}",
+                                    f"{opt.param_groups[0]['lr']:.2e}", f"{lm.item():.4f}", f"{aux_loss.item():.4f}",
+                                    f"{attn_loss.item():.4f}"])
         if step % args.eval_every == 0 or step == total:
             acc = evaluate_batches(model, held_out, aux)
             print(f"[eval step {step}] " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()), flush=True)

@@ -14,6 +14,10 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only named in annotations: EngineClient imports it at call time (a server's client has no torch)
+    from vlserve.engine.output import OutputAssembler
 
 
 @dataclass

@@ -156,7 +156,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: --concurrency must be >= 1, got {args.concurrency}", file=sys.stderr)
         return 2
     model_id = args.model_id or os.path.basename(os.path.normpath(args.model or args.url or "vlserve-builtin"))
-    client = make_client(args.url, args.model, args.api_key, **({"num_threads": args.num_threads} if args.num_threads else {}))
+    client = make_client(args.url, args.model, args.api_key,
+                         **({"num_threads": args.num_threads} if args.num_threads else {}))
     try:
         answers, wall = run(questions, images_dir, client, args.concurrency, args.max_new_tokens)
     finally:

@@ -28,8 +28,10 @@ import httpx
 import numpy as np
 from PIL import Image
 
-CONTROL = {"text": "USER: Describe a quiet lake. ASSISTANT:", "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
-SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}}, "required": ["ok", "n"]}
+CONTROL = {"text": "USER: Describe a quiet lake. ASSISTANT:",
+           "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+          "required": ["ok", "n"]}
 BAD_BODIES = [
     ("/generate", {"text": "a", "sampling_params": {"temperature": -1}}),
     ("/generate", {"text": "a", "image_data": "data:image/png;base64,AAAA"}),

@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    client = make_client(args.url, args.model, args.api_key, **({"num_threads": args.num_threads} if args.num_threads else {}))
+    client = make_client(args.url, args.model, args.api_key,
+                         **({"num_threads": args.num_threads} if args.num_threads else {}))
     try:
         summary = run(items, args.output, client, args.parallel_videos, args.max_new_tokens, not args.no_progress)
     finally:

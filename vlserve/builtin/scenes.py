@@ -325,7 +325,8 @@ def _image_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
                                 f"The {s.colour} {noun} is which shape?", f"Which shape has {s.colour} as its colour?",
                                 *_shape_by_colour_qs(s.colour, rng)])
             qas.append(QA(q, f"{_cap(_article(s.shape))} {s.shape}.", "shape", about=k))
-        who = f"{s.colour} {s.shape}" if len([t for t in shapes if (t.colour, t.shape) == (s.colour, s.shape)]) == 1 else None
+        matching = [t for t in shapes if (t.colour, t.shape) == (s.colour, s.shape)]
+        who = f"{s.colour} {s.shape}" if len(matching) == 1 else None
         if who is None:
             continue
         h, v = horizontal(centres[k][0]), vertical(centres[k][1])
@@ -361,8 +362,9 @@ def _image_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
     else:
         name = rng.choice(SHAPES)
         q = rng.choice([f"How many {name}s are there?", f"How many {name}s are in the picture?",
-                        f"Count the {name}s.", f"How many {name}s can you see?", f"How many {name}s are there in this image?",
-                        f"How many {name}s do you see here?", f"What is the number of {name}s?"])
+                        f"Count the {name}s.", f"How many {name}s can you see?",
+                        f"How many {name}s are there in this image?", f"How many {name}s do you see here?",
+                        f"What is the number of {name}s?"])
         qas.append(QA(q, count_word(len(by_shape[name])), "count"))
 
     # yes/no, half of them true
@@ -379,13 +381,15 @@ def _image_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
         # People often write "a" before a vowel too ("a orange circle").
         art = "a" if rng.random() < 0.2 else _article(colour)
         q = rng.choice([f"Is there {art} {colour} {shape}?", f"Do you see {art} {colour} {shape}?",
-                        f"Is there {art} {colour} {shape} in the picture?", f"Is there {art} {colour} {shape} in this image?",
+                        f"Is there {art} {colour} {shape} in the picture?",
+                        f"Is there {art} {colour} {shape} in this image?",
                         f"Does the picture contain {art} {colour} {shape}?", f"Can you find {art} {colour} {shape}?",
                         f"Is there {art} {colour} {shape} here?", f"Do you see {art} {colour} {shape} in the image?"])
     elif form < 0.75:
         present = bool(by_shape[shape])
         answer, about = ("Yes.", by_shape[shape][0]) if present else ("No.", None)
-        q = rng.choice([f"Is there {_article(shape)} {shape}?", f"Are there any {shape}s?", f"Can you see {_article(shape)} {shape}?"])
+        q = rng.choice([f"Is there {_article(shape)} {shape}?", f"Are there any {shape}s?",
+                        f"Can you see {_article(shape)} {shape}?"])
     else:
         present = bool(by_colour[colour])
         answer, about = ("Yes.", by_colour[colour][0]) if present else ("No.", None)
@@ -393,8 +397,9 @@ def _image_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
                         f"Do you see something {colour}?"])
     qas.append(QA(q, answer, "exists", about=about))
 
-    q = rng.choice(["Describe the image in one sentence.", "What is in the image?", "Write a short caption for this picture.",
-                    "Describe what you see.", "What do you see?", "What is in this picture?", "Describe this image.",
+    q = rng.choice(["Describe the image in one sentence.", "What is in the image?",
+                    "Write a short caption for this picture.", "Describe what you see.", "What do you see?",
+                    "What is in this picture?", "Describe this image.",
                     "Describe the picture briefly.", "Give a short description of the image.",
                     "What can you see in this picture?", "Caption this image.", "Tell me what is in the picture.",
                     "Briefly describe the image."])
@@ -554,11 +559,13 @@ def _video_qas(kind: str, shape: str, first: str | None, last: str | None, direc
                           "What shape is in this clip?", "What kind of shape is shown in the clip?"]),
               f"{_cap(_article(shape))} {shape}.", "appears")]
     if first is not None:
-        qas.append(QA(rng.choice([f"What colour is the {shape} at the start?", "What color is the shape in the first frame?",
+        qas.append(QA(rng.choice([f"What colour is the {shape} at the start?",
+                                  "What color is the shape in the first frame?",
                                   f"What colour is the {shape} at the beginning of the video?",
                                   "Which colour does the shape have at first?"]), f"{_cap(first)}.", "first_colour"))
     if last is not None:
-        qas.append(QA(rng.choice([f"What colour is the {shape} at the end?", "What color is the shape in the last frame?",
+        qas.append(QA(rng.choice([f"What colour is the {shape} at the end?",
+                                  "What color is the shape in the last frame?",
                                   f"What colour is the {shape} at the end of the video?",
                                   "Which colour does the shape have at the end?"]), f"{_cap(last)}.", "last_colour"))
     if direction is not None:

@@ -5,8 +5,9 @@ need the tokenizer: with a CompileWorkers pool it runs in a worker process under
 without one (tests, benchmarks) on the calling thread. Either way compile_async returns at once with
 a Future; compile() waits on it. The budget's state limit is checked on every DFA. Concurrent
 requests for the same source share one Future (one compile); results and the request's errors
-(ConstraintError, the budget's included) are kept in an LRU keyed by (kind, text). The open JSON schema and json_object's schema come precompiled
-(json_automata.py) and stay cached for the compiler's life.
+(ConstraintError, the budget's included) are kept in an LRU keyed by (kind, text). The open JSON
+schema and json_object's schema come precompiled (json_automata.py) and stay cached for the
+compiler's life.
 """
 
 from __future__ import annotations

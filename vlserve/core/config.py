@@ -63,8 +63,8 @@ class EngineArgs(CLIArgs):
     page_size: int = 1
     tp_size: int = _opt(1, "tensor parallelism: N processes, each holding 1/N of the decoder (gloo on the CPU, "
                            "NCCL on GPUs)")
-    dist_init_addr: str | None = _opt(None, "HOST:PORT where the tensor-parallel ranks meet (node 0's address; default: "
-                                            "MASTER_ADDR:MASTER_PORT, else a free local port)")
+    dist_init_addr: str | None = _opt(None, "HOST:PORT where the tensor-parallel ranks meet (node 0's address; "
+                                            "default: MASTER_ADDR:MASTER_PORT, else a free local port)")
     nnodes: int = _opt(1, "machines the tensor-parallel ranks span (tp_size / nnodes ranks on each)")
     node_rank: int = _opt(0, "this machine's index among --nnodes; node 0 serves, the others only run ranks")
     chunked_prefill_size: int = 2048
@@ -122,7 +122,8 @@ class EngineArgs(CLIArgs):
             raise ValueError(f"--max-total-tokens must be >= page size, got {self.max_total_tokens}")
         if not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
-        if not (self.grammar_compile_timeout > 0 and self.grammar_max_states >= 1 and self.grammar_compile_workers >= 1):
+        if not (self.grammar_compile_timeout > 0 and self.grammar_max_states >= 1
+                and self.grammar_compile_workers >= 1):
             raise ValueError("--grammar-compile-timeout must be > 0, --grammar-max-states and "
                              "--grammar-compile-workers >= 1")
 

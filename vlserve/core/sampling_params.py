@@ -62,7 +62,8 @@ class SamplingParams:
         if not (isinstance(self.stop_regex, list) and all(isinstance(r, str) and r for r in self.stop_regex)):
             raise InvalidRequest("stop_regex must be a string or a list of non-empty strings")
         if len(self.stop_regex) > MAX_STOP_REGEX:
-            raise InvalidRequest(f"stop_regex holds {len(self.stop_regex)} patterns, over the limit of {MAX_STOP_REGEX}")
+            raise InvalidRequest(f"stop_regex holds {len(self.stop_regex)} patterns, "
+                                 f"over the limit of {MAX_STOP_REGEX}")
         for pattern in self.stop_regex:
             if len(pattern) > MAX_STOP_REGEX_CHARS:
                 raise InvalidRequest(f"a stop_regex pattern is {len(pattern)} characters, over {MAX_STOP_REGEX_CHARS}")
@@ -103,7 +104,8 @@ class SamplingParams:
         need(all(0 <= t < INT32_END for t in self.logit_bias), "logit_bias", "keys must be token ids in [0, 2**31)")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop",
              "must be a string or a list of non-empty strings")
-        need(isinstance(self.stop_token_ids, list) and all(_is_int(t) and 0 <= t < INT32_END for t in self.stop_token_ids),
+        need(isinstance(self.stop_token_ids, list)
+             and all(_is_int(t) and 0 <= t < INT32_END for t in self.stop_token_ids),
              "stop_token_ids", "must be a list of token ids in [0, 2**31)")
         need(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a boolean")
         need(isinstance(self.skip_special_tokens, bool), "skip_special_tokens", "must be a boolean")

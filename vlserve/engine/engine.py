@@ -96,7 +96,8 @@ class Engine:
                                                device, eos, dead_rank=self.tp_group.dead_rank,
                                                on_fatal=self._tensor_parallel_failed)
         else:
-            self.runner = ModelRunner(self.loaded, self.memory, backend, self.metrics, args.vision_cache_mb, device, eos)
+            self.runner = ModelRunner(self.loaded, self.memory, backend, self.metrics, args.vision_cache_mb, device,
+                                      eos)
         self.scheduler = Scheduler(self.memory, pick(SchedulerConfig, args), self.metrics,
                                    FinishChecker(self.tokenizer, eos))
         self.builder = RequestBuilder(
@@ -110,7 +111,8 @@ class Engine:
         self.media_pool = ThreadPoolExecutor(max_workers=media_workers(threads), thread_name_prefix="vlserve-media")
         self.draining = False  # set by drain(): no new request is accepted
         self.stats_log = StatsLog(self.metrics, self.pool_state,
-                                  lambda: (len(self.scheduler.running), len(self.scheduler.waiting)), args.log_stats_interval)
+                                  lambda: (len(self.scheduler.running), len(self.scheduler.waiting)),
+                                  args.log_stats_interval)
         self.loop = EngineLoop(self.scheduler, self.runner, after_step=self.stats_log.maybe_log, thread=self._compute)
         if self.tp_group is not None:
             self.tp_group.watch(self._tensor_parallel_failed)

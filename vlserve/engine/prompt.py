@@ -1,9 +1,10 @@
 """Tokenize: prompt text (or ids) + processed media → token ids with pseudo-token keys.
 
 Each `<image>` marker takes the next image; each `<video>` marker becomes one `<image>` per sampled
-frame. Every image/frame expands to its token count (fixed, or by its size for anyres) of positions whose ids are pad values derived
-from its content hash (vlserve.preprocess.pad_values): two requests with the same picture share a
-token prefix, two different pictures never do, and no pad value is a real vocabulary id.
+frame. Every image/frame expands to its token count (fixed, or by its size for anyres) of positions
+whose ids are pad values derived from its content hash (vlserve.preprocess.pad_values): two requests
+with the same picture share a token prefix, two different pictures never do, and no pad value is a
+real vocabulary id.
 """
 
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ def expand_text(text: str, media: PromptMedia) -> tuple[str, list[ProcessedImage
         raise InvalidRequest(f"prompt has {n_img} {IMAGE_MARKER} markers but {len(media.images)} images were given")
     if n_vid > len(media.videos):
         raise InvalidRequest(f"prompt has {n_vid} {VIDEO_MARKER} markers but {len(media.videos)} videos were given")
-    text = (IMAGE_MARKER + "\n") * (len(media.images) - n_img) + (VIDEO_MARKER + "\n") * (len(media.videos) - n_vid) + text
+    text = ((IMAGE_MARKER + "\n") * (len(media.images) - n_img) + (VIDEO_MARKER + "\n") * (len(media.videos) - n_vid)
+            + text)
     ordered, images, videos, out, pos = [], iter(media.images), iter(media.videos), [], 0
     while True:
         i, v = text.find(IMAGE_MARKER, pos), text.find(VIDEO_MARKER, pos)

@@ -71,15 +71,16 @@ class RequestBuilder:
                       top_logprobs_num: int = 0) -> PendingReq:
         """fit_max_new_tokens: lower max_new_tokens to what fits the context and the KV pool (a
         default the client did not ask for) instead of refusing the request."""
-        params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams.from_dict(sampling_params)
+        params = (sampling_params if isinstance(sampling_params, SamplingParams)
+                  else SamplingParams.from_dict(sampling_params))
         check_request_numbers(logprob_start_len, video_num_frames, video_fps)
         ids, spans = self._expanded(prompt, input_ids, image_data, video_data, video_num_frames, video_fps)
         if fit_max_new_tokens:
             params.max_new_tokens = min(params.max_new_tokens, self._room_to_generate(len(ids)))
         self._check_length(len(ids), params)
         if not (isinstance(top_logprobs_num, int) and 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS):
-            raise InvalidRequest(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num!r}",
-                                 param="top_logprobs_num")
+            raise InvalidRequest(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], "
+                                 f"got {top_logprobs_num!r}", param="top_logprobs_num")
         req = Req(rid or uuid.uuid4().hex, ids, params, spans, return_logprob, logprob_start_len, top_logprobs_num)
         if params.seed is not None:
             req.generator = torch.Generator().manual_seed(params.seed)
@@ -106,7 +107,8 @@ class RequestBuilder:
         processing = self.processing.for_image_count(len(image_data))  # OneVision tiles a lone image only
         images = [self.image_cache.prepare_image(src, processing, self.limits) for src in image_data]
         frames_kw = ({"fps": video_fps} if video_fps is not None and video_num_frames is None
-                     else {"num_frames": video_num_frames or (None if video_fps else self.video_frames), "fps": video_fps})
+                     else {"num_frames": video_num_frames or (None if video_fps else self.video_frames),
+                           "fps": video_fps})
         videos = [self.image_cache.prepare_video(src, self.processing, self.limits, **frames_kw) for src in video_data]
         if prompt is not None:
             if not isinstance(prompt, str):
@@ -141,10 +143,11 @@ class RequestBuilder:
 def check_request_numbers(logprob_start_len, video_num_frames, video_fps) -> None:
     """The request's numbers outside SamplingParams, whether or not it has a video."""
     if not (_is_int(logprob_start_len) and -1 <= logprob_start_len < 2**31):
-        raise InvalidRequest(f"logprob_start_len must be -1 (off) or an integer in [0, 2**31), got {logprob_start_len!r}",
-                             param="logprob_start_len")
+        raise InvalidRequest(f"logprob_start_len must be -1 (off) or an integer in [0, 2**31), "
+                             f"got {logprob_start_len!r}", param="logprob_start_len")
     if video_num_frames is not None and not (_is_int(video_num_frames) and 1 <= video_num_frames < 2**31):
-        raise InvalidRequest(f"video_num_frames must be an integer >= 1, got {video_num_frames!r}", param="video_num_frames")
+        raise InvalidRequest(f"video_num_frames must be an integer >= 1, got {video_num_frames!r}",
+                             param="video_num_frames")
     if video_fps is not None and not (isinstance(video_fps, (int, float)) and not isinstance(video_fps, bool)
                                       and 0 < video_fps <= FLOAT32_MAX):
         raise InvalidRequest(f"video_fps must be a finite number > 0, got {video_fps!r}", param="video_fps")

@@ -47,7 +47,8 @@ class StatsLog:
         elapsed = max(1e-9, now - self._last[0])
         return (f"engine: {running} running, {waiting} waiting | KV pool {pool['in_use'] / capacity:.1%} in use, "
                 f"{pool['cached'] / capacity:.1%} cached | cache hit rate "
-                f"{cached / total_prompt if total_prompt else 0:.1%} | prompt {(prompt - self._last[1]) / elapsed:.1f} tok/s, "
+                f"{cached / total_prompt if total_prompt else 0:.1%} | "
+                f"prompt {(prompt - self._last[1]) / elapsed:.1f} tok/s, "
                 f"generation {(generated - self._last[2]) / elapsed:.1f} tok/s")
 
     def _totals(self) -> tuple[float, float]:

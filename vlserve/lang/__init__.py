@@ -39,8 +39,9 @@ def OpenAI(*args, **kwargs):
 
 
 __all__ = [
-    "assistant", "assistant_begin", "assistant_end", "flush_cache", "get_server_info", "function", "gen", "gen_int", "gen_string", "image",
-    "select", "set_default_backend", "system", "system_begin", "system_end", "user", "user_begin", "user_end",
+    "assistant", "assistant_begin", "assistant_end", "flush_cache", "get_server_info", "function", "gen", "gen_int",
+    "gen_string", "image", "select", "set_default_backend", "system", "system_begin", "system_end", "user",
+    "user_begin", "user_end",
     "video", "BaseBackend", "EngineBackend", "RuntimeEndpoint", "OpenAI", "Engine", "ChatTemplate",
     "get_chat_template", "greedy_token_selection", "token_length_normalized",
     "unconditional_likelihood_normalized", "global_config", "SglFunction", "ProgramState", "ProgramStateGroup",

@@ -49,7 +49,8 @@ def greedy_token_index(input_token_logprobs: list[list]) -> int:
     return remaining[0]
 
 
-def unconditional_normalized_scores(input_token_logprobs: list[list], unconditional_token_logprobs: list[list]) -> list[float]:
+def unconditional_normalized_scores(input_token_logprobs: list[list],
+                                    unconditional_token_logprobs: list[list]) -> list[float]:
     """Mean over a choice's tokens of logprob(token | prefix) - logprob(token | choice alone).
 
     The first unconditional logprob has no context (None) and counts as 0."""

@@ -131,7 +131,8 @@ def model_config_from_hf(hf) -> ModelConfig:
         num_kv_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
         head_dim=head_dim, rms_norm_eps=tc.rms_norm_eps,
         max_position_embeddings=tc.max_position_embeddings,
-        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False) or getattr(tc, "tie_word_embeddings", False)),
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)
+                                 or getattr(tc, "tie_word_embeddings", False)),
         qkv_bias=qkv_bias, o_bias=o_bias, sliding_window=_sliding_window(tc),
         eos_token_ids=eos_ids, hf_config=tc)
     return ModelConfig(

@@ -93,7 +93,8 @@ class RotaryEmbedding(nn.Module):
         # sizes before). Computing cos and sin per forward took ~0.2 ms each, a forward.
         needed = int(positions.max()) + 1 if positions.numel() else 0
         table = self.__dict__.get("_table")
-        if table is None or table[0].shape[0] < needed or table[0].dtype != dtype or table[0].device != positions.device:
+        if (table is None or table[0].shape[0] < needed or table[0].dtype != dtype
+                or table[0].device != positions.device):
             rows = max(needed, 2 * table[0].shape[0] if table is not None else 0, 256)
             all_positions = torch.arange(rows, device=positions.device)
             table = self._cos_sin(all_positions, self.inv_freq[None, :], dtype)
@@ -147,7 +148,8 @@ class Attention(nn.Module):
         q, k = q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim)
         # q and k sit side by side in each row of the fused output: one rotary call for both, in place
         # (q and k above are views of it, so they see the rotation)
-        qk = None if qkv is None else qkv[:, :q_size + kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+        qk = (None if qkv is None
+              else qkv[:, :q_size + kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim))
         fused = self.fused_ops
         if qk is not None and fused and fused_op(qk) is not None:
             apply_rotary(qk, cos, sin)

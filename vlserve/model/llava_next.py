@@ -48,7 +48,8 @@ class AnyresVisionEncoder(VisionEncoder):
         rows, cols = layout.grid(image_size)
         side, hidden = layout.side, tiles.shape[-1]
         # [rows*cols tiles, side*side, hidden] -> one [rows*side, cols*side, hidden] map, tile by tile
-        fmap = tiles.reshape(rows, cols, side, side, hidden).permute(0, 2, 1, 3, 4).reshape(rows * side, cols * side, hidden)
+        fmap = (tiles.reshape(rows, cols, side, side, hidden).permute(0, 2, 1, 3, 4)
+                .reshape(rows * side, cols * side, hidden))
         keep_rows, keep_cols = layout.kept(image_size)
         fmap = fmap[keep_rows, keep_cols]
         height, width = layout.tile_map_size(image_size)

@@ -77,7 +77,8 @@ def check_checkpoint_dir(path: str) -> list[str]:
         raise CheckpointError(f"{path}: missing config.json")
     if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         raise CheckpointError(f"{path}: missing tokenizer (one of {', '.join(TOKENIZER_FILES)})")
-    if not os.path.isfile(os.path.join(path, PROCESSOR_FILE)) and "image_processor" not in _json(path, PROCESSOR_FALLBACK):
+    if (not os.path.isfile(os.path.join(path, PROCESSOR_FILE))
+            and "image_processor" not in _json(path, PROCESSOR_FALLBACK)):
         raise CheckpointError(f"{path}: missing {PROCESSOR_FILE} (the image processor config; an "
                               f"\"image_processor\" entry in {PROCESSOR_FALLBACK} does as well)")
     index = os.path.join(path, WEIGHT_INDEX)
@@ -130,7 +131,8 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
         state.pop("lm_head.weight", None)
     missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
     if missing or unexpected:
-        raise CheckpointError(f"{path}: weights do not match the config: missing {missing[:8]}, unexpected {unexpected[:8]}")
+        raise CheckpointError(f"{path}: weights do not match the config: missing {missing[:8]}, "
+                              f"unexpected {unexpected[:8]}")
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.text.tie_word_embeddings:  # assign=True replaced embed_tokens.weight; re-tie the head to it
         model.lm_head.weight = model.language_model.embed_tokens.weight
@@ -177,9 +179,11 @@ def resolve_dtype(requested: str | torch.dtype | None, checkpoint: torch.dtype,
                                 "fastest half-precision path; --dtype float16 keeps the checkpoint's)")
     native = {torch.bfloat16: native_bf16, torch.float16: native_fp16}[checkpoint]()
     if native:
-        return checkpoint, f"auto -> {_name(checkpoint)} (the checkpoint's; this CPU has native {_name(checkpoint)} GEMMs)"
+        return checkpoint, (f"auto -> {_name(checkpoint)} (the checkpoint's; "
+                            f"this CPU has native {_name(checkpoint)} GEMMs)")
     return torch.float32, (f"auto -> float32 (checkpoint is {_name(checkpoint)}, but this CPU has no native "
-                           f"{_name(checkpoint)} GEMM kernels, so fp32 is faster; --dtype {_name(checkpoint)} forces it)")
+                           f"{_name(checkpoint)} GEMM kernels, so fp32 is faster; "
+                           f"--dtype {_name(checkpoint)} forces it)")
 
 
 def _name(dtype: torch.dtype) -> str:

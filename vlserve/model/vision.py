@@ -38,7 +38,8 @@ def feature_indices(cfg: ModelConfig) -> tuple[int, ...]:
     layers = (layers,) if isinstance(layers, int) else tuple(layers)
     total = cfg.vision_hf_config.num_hidden_layers + 1
     if not all(-total <= i < total for i in layers):
-        raise ValueError(f"vision_feature_layer {cfg.vision_feature_layer} is outside the tower's {total} hidden states")
+        raise ValueError(f"vision_feature_layer {cfg.vision_feature_layer} is outside the tower's "
+                         f"{total} hidden states")
     return tuple(i % total for i in layers)
 
 

@@ -9,7 +9,8 @@ class RouterMetrics:
         self.requests = Counter("vlserve_router_requests", "requests sent to each worker (retries included)",
                                 ["worker"], registry=self.registry)
         self.cache_hits = Counter("vlserve_router_cache_hits", "requests sent to a worker for what it had cached "
-                                  "(the cache-aware choice, not the least-loaded one)", ["worker"], registry=self.registry)
+                                  "(the cache-aware choice, not the least-loaded one)", ["worker"],
+                                  registry=self.registry)
         self.matched_tokens = Counter("vlserve_router_matched_tokens", "key tokens the chosen worker's tree matched",
                                       ["worker"], registry=self.registry)
         self.retries = Counter("vlserve_router_retries", "requests retried elsewhere after this worker failed",

@@ -52,8 +52,8 @@ def ask_workers(urls: list[str], api_key: str | None, wait_s: float) -> dict:
             try:
                 info = httpx.get(url.rstrip("/") + "/get_model_info", headers=headers, timeout=5).json()
                 server = httpx.get(url.rstrip("/") + "/get_server_info", headers=headers, timeout=5).json()
-                return {"model_path": info.get("tokenizer_path") or info["model_path"], "chat_template": server.get("chat_template"),
-                        "video_frames": server.get("video_frames")}
+                return {"model_path": info.get("tokenizer_path") or info["model_path"],
+                        "chat_template": server.get("chat_template"), "video_frames": server.get("video_frames")}
             except (httpx.HTTPError, ValueError, KeyError):
                 continue
         if time.monotonic() > end:

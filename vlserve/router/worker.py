@@ -1,6 +1,6 @@
 """One worker as the router sees it: its address, its approximate cache, its load, its health."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vlserve.router.tree import ApproxTree
 

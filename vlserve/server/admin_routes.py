@@ -100,7 +100,8 @@ def _model_path(path: str) -> str:
 def _tokenize(engine, prompt: str, body: TokenizeRequest) -> list[int]:
     ids = engine.tokenize(prompt=prompt, image_data=body.image_data, video_data=body.video_data)
     bos = engine.tokenizer.bos_token_id
-    if not body.add_special_tokens and ids and ids[0] == bos and not prompt.startswith(engine.tokenizer.bos_token or "\0"):
+    if (not body.add_special_tokens and ids and ids[0] == bos
+            and not prompt.startswith(engine.tokenizer.bos_token or "\0")):
         ids = ids[1:]
     return ids
 

@@ -1,7 +1,8 @@
 """`--api-key`: every route but /health, /metrics and the page needs `Authorization: Bearer KEY` (else 401).
 
 /health and /metrics stay open so load balancers and Prometheus scrapers need no secret; neither
-reveals request content. The page (/ and /static/) is static files; its requests carry the key. Checked before the body is read, so an unauthenticated upload costs nothing.
+reveals request content. The page (/ and /static/) is static files; its requests carry the key.
+Checked before the body is read, so an unauthenticated upload costs nothing.
 """
 
 import secrets

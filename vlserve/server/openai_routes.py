@@ -44,7 +44,8 @@ class ChoiceFormat:
         logprobs = logprobs_of(self.tokenizer, result["meta_info"], self.chat, text_offset=len(self.prefix(index)))
         return {"index": index, **body, "logprobs": logprobs, "finish_reason": finish_reason(result["meta_info"])}
 
-    def delta(self, index: int, text: str, reason: str | None, role: bool = False, logprobs: dict | None = None) -> dict:
+    def delta(self, index: int, text: str, reason: str | None, role: bool = False,
+              logprobs: dict | None = None) -> dict:
         if self.chat:
             body = {"delta": ({"role": "assistant"} if role else {}) | ({"content": text} if text or role else {})}
         else:

@@ -57,7 +57,8 @@ def install_openapi_schema(app: FastAPI) -> None:
         if app.openapi_schema is None:
             with warnings.catch_warnings():  # FastAPI warns of the shared operationId truthful() renames
                 warnings.simplefilter("ignore", UserWarning)
-                schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+                schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                                     routes=app.routes)
             app.openapi_schema = truthful(schema)
         return app.openapi_schema
 

@@ -142,7 +142,8 @@ def save_processor(out_dir: str, spec: TinyModelSpec, tokenizer) -> None:
     so a CLIP tower (which adds a CLS token) needs num_additional_image_tokens=1, SigLIP 0.
     """
     siglip = spec.vision == "siglip"
-    image_processor = ({"image_processor_type": "SiglipImageProcessor", **siglip_image_processor_kwargs(spec.image_size)}
+    image_processor = ({"image_processor_type": "SiglipImageProcessor",
+                        **siglip_image_processor_kwargs(spec.image_size)}
                        if siglip else
                        {"image_processor_type": "CLIPImageProcessor", **clip_image_processor_kwargs(spec.image_size)})
     processor = {"processor_class": "LlavaProcessor", "patch_size": spec.patch_size,

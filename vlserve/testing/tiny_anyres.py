@@ -7,9 +7,9 @@ import os
 from dataclasses import replace
 
 from vlserve.testing.checkpoint_tools import IMAGE_TOKEN, clip_image_processor_kwargs
+from vlserve.testing.tiny import TinyModelSpec, build_hf_config, train_tokenizer, write_processor_files
 
 VIDEO_TOKEN = "<video>"
-from vlserve.testing.tiny import TinyModelSpec, build_hf_config, train_tokenizer, write_processor_files
 
 # LLaVA-NeXT's default pinpoints (336 px tiles: 1x2, 2x1, 2x2, 1x3, 3x1), in tiles of the tiny tower
 GRID_TILES = ((1, 2), (2, 1), (2, 2), (3, 1), (1, 3))
@@ -69,7 +69,8 @@ def build_llava_onevision_config(spec: TinyModelSpec, tokenizer, grid=ONEVISION_
     return LlavaOnevisionConfig(
         vision_config=base.vision_config, text_config=base.text_config, image_token_index=base.image_token_id,
         video_token_index=tokenizer.convert_tokens_to_ids(VIDEO_TOKEN),
-        vision_feature_layer=spec.vision_feature_layer, vision_feature_select_strategy=spec.vision_feature_select_strategy,
+        vision_feature_layer=spec.vision_feature_layer,
+        vision_feature_select_strategy=spec.vision_feature_select_strategy,
         image_grid_pinpoints=[[r * spec.image_size, c * spec.image_size] for r, c in grid],
         vision_aspect_ratio=aspect, tie_word_embeddings=spec.tie_word_embeddings)
 
@@ -129,7 +130,8 @@ def make_tiny_llava_next_video(out_dir: str, seed: int = 0, spec: TinyModelSpec 
     config = LlavaNextVideoConfig(
         vision_config=base.vision_config, text_config=base.text_config, image_token_index=base.image_token_id,
         video_token_index=tokenizer.convert_tokens_to_ids(VIDEO_TOKEN),
-        vision_feature_layer=spec.vision_feature_layer, vision_feature_select_strategy=spec.vision_feature_select_strategy,
+        vision_feature_layer=spec.vision_feature_layer,
+        vision_feature_select_strategy=spec.vision_feature_select_strategy,
         image_grid_pinpoints=grid_pinpoints(spec.image_size), spatial_pool_mode="average", spatial_pool_stride=2,
         tie_word_embeddings=spec.tie_word_embeddings)
     LlavaNextVideoForConditionalGeneration(config).to(getattr(torch, spec.dtype)).save_pretrained(out_dir)
