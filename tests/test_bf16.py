@@ -79,7 +79,8 @@ def test_bf16_matches_transformers_bf16(checkpoint):
             hf_err = (ref16 - ref32).abs().max().item()
             ulp = ref16.abs().max().item() * 2 ** -8
             err = (mine - ref16).abs().max().item()
-            assert err <= 3 * hf_err + ulp, f"request {i}: max |native - hf bf16| {err:.4f}, hf bf16 vs fp32 {hf_err:.4f}"
+            assert err <= 3 * hf_err + ulp, (f"request {i}: max |native - hf bf16| {err:.4f}, "
+                                             f"hf bf16 vs fp32 {hf_err:.4f}")
             agree += int((mine.argmax(-1) == ref16.argmax(-1)).sum())
             total += mine.shape[0]
     assert agree / total >= 0.9, f"greedy agreement {agree}/{total}"

@@ -80,7 +80,8 @@ def test_coverage_of_the_world():
     sizes = [o.size for o in drawn]
     assert min(sizes) < 0.2 and max(sizes) > 0.8, "from small to filling the frame"
     assert {sc.frames[0].size for sc in image_scenes} == set(scenes.PICTURE_SIZES)
-    overlapping = sum(any((sc.masks[0] == k + 1).sum() < scenes.shape_mask(o).sum() for k, o in enumerate(sc.objects[0]))
+    overlapping = sum(any((sc.masks[0] == k + 1).sum() < scenes.shape_mask(o).sum()
+                          for k, o in enumerate(sc.objects[0]))
                       for sc in image_scenes)
     assert overlapping > 10, "some shapes overlap"
     centres = [xy for sc in image_scenes for xy in scenes.centroids(sc.masks[0], len(sc.objects[0]))]
@@ -145,7 +146,8 @@ def test_image_answers_match_the_pixels():
                             and (not named_shape or o["shape"] == named_shape[0]) for o in objs)
                 assert qa.answer == ("Yes." if there else "No."), qa
             elif qa.qtype == "caption":
-                assert caption_pairs(qa.answer) == caption_pairs(" ".join(f"a {o['colour']} {o['shape']}" for o in objs))
+                described = " ".join(f"a {o['colour']} {o['shape']}" for o in objs)
+                assert caption_pairs(qa.answer) == caption_pairs(described)
     assert checked_shapes > 200
 
 

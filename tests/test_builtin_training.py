@@ -98,7 +98,8 @@ def test_caption_words_target_the_shape_being_described(maker):
         next_word = maker.tok.decode([ids[t.query + 1]]).strip().lower()
         named = [kind for kind, ps in group_patches.items() if ps == _patch_of(scene, maker, t.keys)]
         assert named, "the keys are the patches of one kind of shape"
-        assert any(next_word.rstrip("s") in (c, s, "a", "an", "two", "three", "four") for c, s in named), (next_word, named)
+        assert any(next_word.rstrip("s") in (c, s, "a", "an", "two", "three", "four")
+                   for c, s in named), (next_word, named)
     described = {tuple(sorted(t.keys)) for t in targets}
     assert len(described) == len(set(map(tuple, group_patches.values()))), "every kind of shape is looked at"
 

@@ -249,7 +249,8 @@ def test_a_grammar_over_the_budget_is_a_400_naming_the_field(small_budget_http):
     assert out.status_code == 400, out.text
     assert out.json()["error"]["message"].startswith("regex is too large or too open to compile")
     schema = {"type": "object", "properties": {"a_long_property_name": {"type": "string"}}}
-    out = _chat(small_budget_http, response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    out = _chat(small_budget_http,
+                response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
     assert out.status_code == 400, out.text
     assert out.json()["error"]["message"].startswith("json_schema (or response_format) is too large")
     out = _chat(small_budget_http, regex="(unclosed")

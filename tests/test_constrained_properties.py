@@ -27,7 +27,8 @@ from vlserve.constrained import ConstraintCompiler, ConstraintState
 TOKENIZER = train_tokenizer()
 COMPILER = ConstraintCompiler(TOKENIZER)
 PROPERTY_SETTINGS = settings(
-    max_examples=int(os.environ.get("VLSERVE_HYPOTHESIS_EXAMPLES", 40)), deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=os.environ.get("VLSERVE_HYPOTHESIS_RANDOM") is None
+    max_examples=int(os.environ.get("VLSERVE_HYPOTHESIS_EXAMPLES", 40)), deadline=None,
+    suppress_health_check=[HealthCheck.too_slow], derandomize=os.environ.get("VLSERVE_HYPOTHESIS_RANDOM") is None
 )
 
 # ---- random regexes: literals, classes, alternation, bounded repetition ----------------------

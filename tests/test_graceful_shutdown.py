@@ -119,7 +119,8 @@ def test_request_timeout_ends_the_request_and_frees_its_kv():
         assert r.status_code == 504 and "--request-timeout of 0.5 s" in r.json()["error"]["message"]
         assert engine.wait_idle(10)
         engine.scheduler.cm.check_idle_accounting()
-        ok = httpx.post(srv.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+        ok = httpx.post(srv.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
+                        timeout=60)
         assert ok.status_code == 200
     finally:
         srv.stop()

@@ -137,7 +137,8 @@ def _drop_weights(path: str, pattern: str) -> None:
 
 @pytest.mark.parametrize("feature_layer, built", [(-2, 2), (1, 1), ([-3, -2], 2), (-1, 3), ([0, -1], 3)])
 def test_the_tower_stops_at_the_deepest_layer_llava_reads(tmp_path, feature_layer, built):
-    path = make_tiny_model(str(tmp_path / "ckpt"), spec=TinyModelSpec(vision_layers=3, vision_feature_layer=feature_layer))
+    path = make_tiny_model(str(tmp_path / "ckpt"),
+                           spec=TinyModelSpec(vision_layers=3, vision_feature_layer=feature_layer))
     tower = load_model(path).model.vision.vision_tower
     assert len(tower.encoder.layers) == built
 

@@ -66,7 +66,10 @@ def test_latency_histograms_count_what_happened(model_dir):
         engine.generate(prompt=["USER: a ASSISTANT:", "USER: b ASSISTANT:"], sampling_params=GREEDY)
         m = engine.metrics
         text = m.exposition().decode()
-    count = lambda name: sum(float(v) for v in re.findall(rf"^{name}_count\{{.*?\}} (\S+)$", text, re.M))
+
+    def count(name: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^{name}_count\{{.*?\}} (\S+)$", text, re.M))
+
     assert count("vlserve_queue_time_seconds") == 2 and count("vlserve_time_per_output_token_seconds") == 2
     assert count("vlserve_inter_token_latency_seconds") == 2 * (GREEDY["max_new_tokens"] - 1)
     assert count("vlserve_request_generation_tokens") == 2

@@ -5,7 +5,6 @@ a second question about the same picture shows cached tokens > 0. Against the ti
 answers): Stop aborts the request and the pool returns to idle. With --api-key, a wrong key shows
 the server's 401 message. Screenshots of each state go to the folder printed at the end."""
 
-import io
 import shutil
 import tempfile
 import time

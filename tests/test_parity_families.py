@@ -140,7 +140,8 @@ def test_qwen2_without_sliding_window_keeps_its_context(tmp_path):
 
 def _config(arch, model_type="llava", text="llama", vision="clip_vision_model"):
     return SimpleNamespace(architectures=[arch], model_type=model_type,
-                           text_config=SimpleNamespace(model_type=text), vision_config=SimpleNamespace(model_type=vision))
+                           text_config=SimpleNamespace(model_type=text),
+                           vision_config=SimpleNamespace(model_type=vision))
 
 
 @pytest.mark.parametrize("arch,model_type,reason", [
@@ -164,7 +165,8 @@ def test_unserved_text_and_vision_models_are_refused_by_name():
     with pytest.raises(CheckpointError, match="unsupported vision model 'pixtral' in LlavaForConditionalGeneration; "
                                               "supported: clip_vision_model, siglip_vision_model"):
         family_for(_config("LlavaForConditionalGeneration", vision="pixtral"))
-    assert family_for(_config("LlavaForConditionalGeneration", text="qwen2", vision="siglip_vision_model")).model_type == "llava"
+    config = _config("LlavaForConditionalGeneration", text="qwen2", vision="siglip_vision_model")
+    assert family_for(config).model_type == "llava"
 
 
 # ---- make-tiny-model writes what transformers would ------------------------------------------------

@@ -46,7 +46,8 @@ def checkpoint(tmp_path_factory):
 def hf(checkpoint):
     from transformers import AutoProcessor, LlavaNextForConditionalGeneration
 
-    return LlavaNextForConditionalGeneration.from_pretrained(checkpoint).eval(), AutoProcessor.from_pretrained(checkpoint)
+    model = LlavaNextForConditionalGeneration.from_pretrained(checkpoint).eval()
+    return model, AutoProcessor.from_pretrained(checkpoint)
 
 
 @pytest.mark.parametrize("size", SIZES)

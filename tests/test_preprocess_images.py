@@ -253,7 +253,8 @@ def test_max_image_bytes_for_raw_base64_and_path(tmp_path):
 
 def test_max_image_pixels_names_limit_and_values():
     data = encode(Image.new("RGB", (100, 50)))
-    with pytest.raises(MediaError, match=r"image has 5000 pixels, over the limit max_image_pixels=4999 \(size 100x50\)"):
+    with pytest.raises(MediaError, match=r"image has 5000 pixels, over the limit max_image_pixels=4999 "
+                                         r"\(size 100x50\)"):
         load_image(data, MediaLimits(max_image_pixels=4999))
     assert load_image(data, MediaLimits(max_image_pixels=5000)).size == (100, 50)
 

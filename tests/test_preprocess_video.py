@@ -132,7 +132,8 @@ def test_frame_count_limit(videos):
     limits = MediaLimits(video_max_frames=4)
     with pytest.raises(MediaError, match=r"request has 5 frames \(num_frames\), over the limit video_max_frames=4"):
         load_video(videos["mp4"], limits, num_frames=5)
-    with pytest.raises(MediaError, match=r"sampling fps=5.0 from a 1.200 s video has 6 frames, over the limit video_max_frames=4"):
+    with pytest.raises(MediaError, match=r"sampling fps=5.0 from a 1.200 s video has 6 frames, "
+                                         r"over the limit video_max_frames=4"):
         load_video(videos["mp4"], limits, fps=5.0)
     assert len(load_video(videos["mp4"], limits, fps=2.5)) == 3
 
@@ -148,7 +149,8 @@ def test_byte_and_frame_size_limits(videos):
     data = videos["mp4"]
     with pytest.raises(MediaError, match=rf"video has {len(data)} bytes, over the limit video_max_bytes=100"):
         load_video(data, MediaLimits(video_max_bytes=100))
-    with pytest.raises(MediaError, match=r"video frame has 768 pixels, over the limit max_image_pixels=700 \(size 32x24\)"):
+    with pytest.raises(MediaError, match=r"video frame has 768 pixels, over the limit max_image_pixels=700 "
+                                         r"\(size 32x24\)"):
         load_video(data, MediaLimits(max_image_pixels=700))
 
 

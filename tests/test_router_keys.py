@@ -48,7 +48,8 @@ def test_same_text_other_image_is_another_key():
 def test_unkeyable_requests_have_no_key():
     k = keys()
     assert k.key("/v1/chat/completions", b"not json") is None
-    assert k.key("/v1/chat/completions", json.dumps({"messages": image_message("http://example.com/a.png")}).encode()) is None
+    body = json.dumps({"messages": image_message("http://example.com/a.png")}).encode()
+    assert k.key("/v1/chat/completions", body) is None
     assert k.key("/v1/models", b"") is None
     assert k.key("/generate", b'{"sampling_params": {}}') is None
 

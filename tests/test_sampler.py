@@ -111,7 +111,8 @@ def test_a_temperature_past_float32_is_near_uniform_over_the_unmasked_tokens(tem
     probs = _filtered_probs(MASKED.clone(), [SamplingParams(temperature=temperature)])[0]
     assert probs[1] == 0 and probs[3] == 0
     assert _close([probs[0].item(), probs[2].item(), probs[4].item()], [1 / 3] * 3)
-    ids, logprobs = sample(MASKED.clone(), [SamplingParams(temperature=temperature)], [torch.Generator().manual_seed(0)])
+    ids, logprobs = sample(MASKED.clone(), [SamplingParams(temperature=temperature)],
+                           [torch.Generator().manual_seed(0)])
     assert ids.item() in (0, 2, 4) and math.isfinite(logprobs.item())
 
 

@@ -60,7 +60,8 @@ def _schema(modes: list) -> object:
     return schema
 
 
-FUZZ_SETTINGS = settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+FUZZ_SETTINGS = settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
+                         suppress_health_check=list(HealthCheck))
 
 
 def _call(case, url: str, mode: str) -> None:

@@ -85,7 +85,8 @@ def test_tokenize_shows_the_radix_key_and_detokenize_inverts_it(own_server):
     tok = http.post("/tokenize", json={"prompt": text, "image_data": image}).json()
     gen = http.post("/generate", json={"text": text, "image_data": image, "sampling_params": {"max_new_tokens": 1}})
     assert tok["count"] == len(tok["tokens"]) == gen.json()["meta_info"]["prompt_tokens"]
-    assert sum(t >= engine.loaded.config.text.vocab_size for t in tok["tokens"]) == engine.loaded.config.tokens_per_image
+    vocab_size = engine.loaded.config.text.vocab_size
+    assert sum(t >= vocab_size for t in tok["tokens"]) == engine.loaded.config.tokens_per_image
     assert tok["max_model_len"] == engine.context_len
     other = http.post("/tokenize", json={"prompt": text, "image_data": data_uri(png(seed=5))}).json()
     assert other["tokens"] != tok["tokens"]  # a different picture, different keys
@@ -104,7 +105,8 @@ def test_openai_fields_not_implemented_are_refused_by_name(http, field, value):
 
 
 def test_openai_neutral_values_of_unimplemented_fields_are_accepted(http):
-    r = http.post("/v1/chat/completions", json=CHAT | {"parallel_tool_calls": None, "tool_choice": "none", "tools": None,
+    r = http.post("/v1/chat/completions", json=CHAT | {"parallel_tool_calls": None, "tool_choice": "none",
+                                                       "tools": None,
                                                        "user": "u-1"})
     assert r.status_code == 200, r.text
     r = http.post("/v1/completions", json={"model": served_model(), "prompt": "a", "best_of": 3, "max_tokens": 1})
@@ -114,12 +116,14 @@ def test_openai_neutral_values_of_unimplemented_fields_are_accepted(http):
 def test_openai_extra_sampling_fields_are_honoured(http):
     r = http.post("/v1/chat/completions", json=CHAT | {"regex": "(yes|no)", "max_tokens": 8})
     assert r.json()["choices"][0]["message"]["content"] in ("yes", "no")
-    r = http.post("/v1/completions", json={"model": served_model(), "prompt": "Answer:", "max_tokens": 5, "temperature": 0,
+    r = http.post("/v1/completions", json={"model": served_model(), "prompt": "Answer:", "max_tokens": 5,
+                                           "temperature": 0,
                                            "ignore_eos": True, "min_p": 0.1, "top_k": 1})
     assert r.json()["usage"]["completion_tokens"] == 5
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     r = http.post("/v1/completions", json={"model": served_model(), "prompt": "JSON:", "max_tokens": 16,
-                                           "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}})
+                                           "response_format": {"type": "json_schema",
+                                                               "json_schema": {"schema": schema}}})
     assert r.json()["choices"][0]["text"] in ('{"ok": true}', '{"ok": false}')
 
 
@@ -175,8 +179,11 @@ def test_min_tokens_holds_back_a_stop_token_and_penalties_are_accepted(http):
 def test_logit_bias_forces_a_token(http):
     body = {"model": served_model(), "prompt": "Once upon a time", "max_tokens": 3, "temperature": 0,
             "logprobs": 0}
-    ids = lambda r: [t for t in http.post("/tokenize", json={"prompt": r["choices"][0]["text"],
-                                                             "add_special_tokens": False}).json()["tokens"]]
+
+    def ids(r: dict) -> list[int]:
+        return http.post("/tokenize", json={"prompt": r["choices"][0]["text"],
+                                            "add_special_tokens": False}).json()["tokens"]
+
     forced = http.post("/v1/completions", json=body | {"logit_bias": {"40": 100}}).json()
     assert ids(forced) == [40, 40, 40]
     assert http.post("/v1/completions", json=body | {"logit_bias": {"x": 1}}).status_code == 400
@@ -206,7 +213,8 @@ def test_continue_final_message_continues_the_assistant_turn(http):
     prompt_len = cont["usage"]["prompt_tokens"]
     closed = http.post("/v1/chat/completions", json=CHAT | {"messages": messages, "max_tokens": 3}).json()
     assert prompt_len < closed["usage"]["prompt_tokens"]  # no end-of-turn and no new ASSISTANT: prefix
-    bad = http.post("/v1/chat/completions", json=CHAT | {"continue_final_message": True, "add_generation_prompt": False})
+    bad = http.post("/v1/chat/completions",
+                    json=CHAT | {"continue_final_message": True, "add_generation_prompt": False})
     assert bad.status_code == 400 and "assistant message last" in bad.json()["error"]["message"]
 
 

@@ -22,7 +22,8 @@ def image_chat(uri: str) -> dict:
 
 
 def video_chat(data: bytes) -> dict:
-    return {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": data_uri(data, "video/mp4")}}]}],
+    video = {"type": "video_url", "video_url": {"url": data_uri(data, "video/mp4")}}
+    return {"messages": [{"role": "user", "content": [video]}],
             "max_tokens": 4}
 
 
@@ -134,7 +135,8 @@ def test_api_key_and_body_limit(server):
     args = ServerArgs(port=0, api_key="sekret", max_request_bytes=20_000)
     with BackgroundServer(engine, args) as guarded, httpx.Client(base_url=guarded.url, timeout=60) as c:
         assert_error(c.post("/generate", json={"text": "hi"}), 401, "API key")
-        assert_error(c.post("/generate", json={"text": "hi"}, headers={"Authorization": "Bearer wrong"}), 401, "API key")
+        assert_error(c.post("/generate", json={"text": "hi"}, headers={"Authorization": "Bearer wrong"}),
+                     401, "API key")
         assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200  # open by choice
         auth = {"Authorization": "Bearer sekret"}
         ok = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}, headers=auth)

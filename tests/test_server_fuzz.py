@@ -74,14 +74,16 @@ def test_generate_refuses_numbers_the_engine_cannot_compute(server, http, field,
 
 @pytest.mark.parametrize("field,value", _cases(BAD_GENERATE_FIELDS))
 def test_generate_refuses_bad_request_numbers_with_or_without_media(server, http, field, value):
-    assert_names(_post_json(http, "/generate", {"text": PROMPT, field: value, "sampling_params": {"max_new_tokens": 2}}),
+    assert_names(_post_json(http, "/generate", {"text": PROMPT, field: value,
+                                                "sampling_params": {"max_new_tokens": 2}}),
                  field)
 
 
 @pytest.mark.parametrize("field,value", _cases(BAD_UPLOAD))
 def test_upload_refuses_numbers_the_engine_cannot_compute(server, http, field, value):
     """Multipart carries text: "null" for a number is refused, never read as unset or as a string."""
-    assert_names(http.post("/upload", data={"prompt": "hi", "max_new_tokens": "2", field: value} if field != "max_new_tokens"
+    assert_names(http.post("/upload", data={"prompt": "hi", "max_new_tokens": "2", field: value}
+                           if field != "max_new_tokens"
                            else {"prompt": "hi", field: value}), field)
     assert_leak_free(server[0])
 

@@ -3,7 +3,6 @@
 import json
 
 import httpx
-import pytest
 
 from helpers.server_helpers import data_uri, jpeg, mp4, png
 

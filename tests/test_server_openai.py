@@ -141,7 +141,8 @@ def test_response_format_json_schema(server, http, client):
     out = json.loads(r.json()["choices"][0]["message"]["content"])
     assert set(out) == {"answer", "ok"} and isinstance(out["answer"], int) and isinstance(out["ok"], bool)
     streamed = client.chat.completions.create(model=MODEL, stream=True, **{k: v for k, v in body.items()})
-    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == r.json()["choices"][0]["message"]["content"]
+    streamed_text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert streamed_text == r.json()["choices"][0]["message"]["content"]
     bad = http.post("/v1/chat/completions", json=body | {"response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}})
     assert bad.status_code == 400 and "schema" in bad.json()["error"]["message"]

@@ -42,7 +42,8 @@ def test_shard_model_cuts_the_decoder_and_leaves_the_vision_side_whole(tmp_path)
     from vlserve.model.tensor_parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, shard_model
     from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
-    path = make_tiny_model(str(tmp_path / "m"), spec=TinyModelSpec(num_heads=4, num_kv_heads=2, tie_word_embeddings=True))
+    path = make_tiny_model(str(tmp_path / "m"),
+                           spec=TinyModelSpec(num_heads=4, num_kv_heads=2, tie_word_embeddings=True))
     model = load_model(path).model
     vision_before = {n: p.clone() for n, p in model.vision.named_parameters()}
     shard_model(model, TPContext(1, 2))  # building the shards runs no collective

@@ -196,4 +196,5 @@ def test_the_installed_command_writes_a_tiny_model(venv, tmp_path):
     command = [str(venv / "bin" / "vlserve"), "make-tiny-model", str(tmp_path / "tiny"), "--arch", "llava"]
     run = subprocess.run(command, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert json.loads((tmp_path / "tiny" / "config.json").read_text())["architectures"] == ["LlavaForConditionalGeneration"]
+    config = json.loads((tmp_path / "tiny" / "config.json").read_text())
+    assert config["architectures"] == ["LlavaForConditionalGeneration"]

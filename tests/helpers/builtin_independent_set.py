@@ -113,7 +113,8 @@ def says_yes(yes: bool) -> object:
 
 def lists_figures(figures: list[Figure]) -> object:
     want = Counter((f.colour, f.kind) for f in figures)
-    pattern = re.compile(r"\b(?:(a|an|one|two|three|four)\s+)?(" + "|".join(PAINT) + r")\s+(" + "|".join(KINDS) + r")s?\b")
+    pattern = re.compile(r"\b(?:(a|an|one|two|three|four)\s+)?(" + "|".join(PAINT) + r")\s+("
+                         + "|".join(KINDS) + r")s?\b")
 
     def check(answer: str) -> bool:
         got: Counter = Counter()
@@ -137,7 +138,8 @@ def _layout(rng: np.random.Generator, n: int) -> list[Figure]:
         figs = []
         for _ in range(n):
             r = rng.uniform(0.08, 0.36 if n == 1 else 0.2)
-            figs.append(Figure(str(rng.choice(KINDS)), "", rng.uniform(r + 0.03, 0.97 - r), rng.uniform(r + 0.03, 0.97 - r), r))
+            figs.append(Figure(str(rng.choice(KINDS)), "", rng.uniform(r + 0.03, 0.97 - r),
+                               rng.uniform(r + 0.03, 0.97 - r), r))
         if all(np.hypot(a.x - b.x, a.y - b.y) > 1.5 * (a.r + b.r) for i, a in enumerate(figs) for b in figs[i + 1:]):
             for f, c in zip(figs, rng.choice(list(PAINT), n, replace=False)):
                 f.colour = str(c)
@@ -178,18 +180,21 @@ def build(seed: int = 4242, per_type: int = 16) -> list[Item]:
         f = figs[int(rng.integers(len(figs)))]
         unique_kind = sum(g.kind == f.kind for g in figs) == 1
         if unique_kind:
-            items.append(Item([img], f"Could you tell me the colour of the {f.kind}?", "colour", says_only(f.colour, colours)))
+            items.append(Item([img], f"Could you tell me the colour of the {f.kind}?", "colour",
+                              says_only(f.colour, colours)))
         items.append(Item([img], f"What is the shape of the {f.colour} thing?" if i % 2 else
                           f"Which shape has the colour {f.colour}?", "shape", says_only(f.kind, kinds)))
         n_kind = sum(g.kind == KINDS[i % 3] for g in figs)
-        items.append(Item([img], "How many shapes can be seen here?" if i % 2 else f"How many {KINDS[i % 3]}s are in the image?",
+        items.append(Item([img], "How many shapes can be seen here?" if i % 2 else
+                          f"How many {KINDS[i % 3]}s are in the image?",
                           "count", says_number(len(figs)) if i % 2 else says_number(n_kind)))
         h = _side(f.x)
         if h in ("left", "right"):
             items.append(Item([img], f"On which side is the {f.colour} {f.kind}, left or right?", "position",
                               says_place(h, None)))
         present = i % 2 == 0
-        ask = f if present else Figure(f.kind, next(c for c in PAINT if all((c, f.kind) != (g.colour, g.kind) for g in figs)), 0, 0, 0)
+        ask = f if present else Figure(f.kind, next(c for c in PAINT
+                                                    if all((c, f.kind) != (g.colour, g.kind) for g in figs)), 0, 0, 0)
         items.append(Item([img], f"Is there a {ask.colour} {ask.kind} in this image?", "yes/no", says_yes(present)))
         if i % 2 == 0:
             items.append(Item([img], "Please describe the picture briefly.", "caption", lists_figures(figs)))

@@ -83,10 +83,12 @@ def assert_runner_matches_transformers(checkpoint: str, page_size: int, steps: i
     prompts = parity_prompts(cfg, cfg.text.vocab_size, gen)
     pixels = [torch.randn(k, 3, cfg.image_size, cfg.image_size, generator=gen) if k else None for _, k in prompts]
     runner = ModelRunner.standalone(loaded, max_total_tokens=1024, page_size=page_size)
-    native = batched_logits(runner, cfg, prompts, pixels, steps, lambda step, logits: [int(l.argmax()) for l in logits])
+    native = batched_logits(runner, cfg, prompts, pixels, steps,
+                            lambda step, logits: [int(row.argmax()) for row in logits])
 
     for i, ((ids, _), px) in enumerate(zip(prompts, pixels)):
         ref = hf_greedy_logits(hf, ids, px, steps)
         for step, (a, b) in enumerate(zip(native[i], ref)):
-            assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), f"request {i} step {step}: max diff {(a - b).abs().max()}"
+            assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (f"request {i} step {step}: "
+                                                                f"max diff {(a - b).abs().max()}")
         assert [int(x.argmax()) for x in native[i]] == [int(x.argmax()) for x in ref]

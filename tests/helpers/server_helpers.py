@@ -6,6 +6,7 @@ import base64
 import io
 import os
 import re
+import subprocess
 import tempfile
 import threading
 import time
@@ -114,7 +115,8 @@ def png_bomb(width: int = 50_000, height: int = 50_000) -> bytes:
         return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 1000)) + chunk(b"IEND", b"")
+    pixels = zlib.compress(b"\0" * 1000)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
 
 
 def image_message(uri: str, text: str = "What is in the image?") -> list[dict]:
@@ -158,16 +160,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_builtin(*flags: str) -> tuple["subprocess.Popen", str]:
+def serve_builtin(*flags: str) -> tuple[subprocess.Popen, str]:
     """A real `vlserve serve` process on the built-in model (no --model) and a free port, once it
     answers /health; the caller stops it (stop_process). Its output goes to a file (proc.log_path):
     a pipe nobody reads fills up and blocks the server's logging."""
-    import subprocess
     import sys
 
     port = free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="vlserve-serve-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "vlserve", "serve", "--port", str(port), "--num-threads", "1", *flags],
+    command = [sys.executable, "-m", "vlserve", "serve", "--port", str(port), "--num-threads", "1", *flags]
+    proc = subprocess.Popen(command,
                             stdout=log, stderr=subprocess.STDOUT, text=True)
     proc.log_path = log.name
     url = f"http://127.0.0.1:{port}"
@@ -188,8 +190,6 @@ def serve_builtin(*flags: str) -> tuple["subprocess.Popen", str]:
 
 def stop_process(proc) -> str:
     """SIGTERM, then SIGKILL after 30 s; returns the tail of what the process printed."""
-    import subprocess
-
     proc.terminate()
     try:
         proc.wait(timeout=30)
