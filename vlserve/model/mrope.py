@@ -16,7 +16,7 @@ Qwen3-VL writes each frame pair of a video as its own run between timestamps; it
 grids with t = 1, as transformers splits them.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -69,3 +69,39 @@ def _run_positions(run: VisionRun, start: int, merge: int) -> torch.Tensor:
     cols = torch.arange(w // merge) + start
     grid = torch.meshgrid(temporal, rows, cols, indexing="ij")
     return torch.stack(grid).reshape(3, -1)
+
+
+@dataclass(frozen=True)
+class MRopeLayout:
+    """What a Qwen-VL checkpoint says about its media in the prompt: enough to count a picture's
+    tokens and to place a request's M-RoPE positions from its image spans."""
+    spatial_merge_size: int
+    tokens_per_second: float | None = None  # Qwen2.5-VL: video positions per second; None: one per patch
+
+    def tokens(self, grid_thw: tuple[int, int, int]) -> int:
+        t, h, w = grid_thw
+        return t * h * w // self.spatial_merge_size ** 2
+
+    def runs(self, spans) -> list[VisionRun]:
+        """core.request.ImageSpans → vision runs: a picture is one run; a video's temporal patches
+        (role "video", pixels [t, h, w, patch] each) that follow each other without a token
+        between them are one run, as transformers' video_grid_thw is one grid."""
+        runs: list[VisionRun] = []
+        video_end = None  # token index after the last span when it was a video's
+        for span in spans:
+            t, h, w = span.pixel_values.shape[:3]
+            if span.role == "video" and span.start == video_end and runs[-1].grid_thw[1:] == (h, w):
+                runs[-1] = replace(runs[-1], grid_thw=(runs[-1].grid_thw[0] + t, h, w))
+            else:
+                runs.append(VisionRun(span.start, (t, h, w), self._time_interval(span)))
+            video_end = span.end if span.role == "video" else None
+        return runs
+
+    def _time_interval(self, span) -> float:
+        if span.role != "video" or self.tokens_per_second is None:
+            return 1.0
+        return video_time_interval(self.tokens_per_second, span.second_per_grid_t or 1.0)
+
+    def positions(self, prompt_len: int, spans) -> MRopePositions:
+        return mrope_positions(prompt_len, self.runs(spans), self.spatial_merge_size)
+

@@ -1,0 +1,105 @@
+"""Tiny Qwen-VL checkpoints built with transformers' own classes, and the two sides of a parity test:
+transformers' greedy generation with per-step logits, and the engine's requests built as the
+request builder builds them (pseudo tokens at the media positions, M-RoPE positions from the spans)."""
+
+import json
+import os
+
+import numpy as np
+import torch
+
+from vlserve.core.request import Req
+from vlserve.core.sampling_params import SamplingParams
+from vlserve.engine.prompt import expand_image_tokens
+from vlserve.preprocess import ProcessedImage, content_hash
+from vlserve.testing.bpe import train_byte_level_bpe
+
+PATCH, MERGE, TEMPORAL = 14, 2, 2
+PATCH_DIM = 3 * TEMPORAL * PATCH * PATCH
+TEXT_VOCAB = 300  # the trained BPE's; the special tokens follow, the decoder's rows are padded past them
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+           "<|image_pad|>", "<|video_pad|>"]
+CORPUS = "What is in the picture? A red circle and a blue square. Describe this video, frame by frame.\n" * 4
+
+
+def write_tokenizer(path: str):
+    from transformers import PreTrainedTokenizerFast
+
+    tok = train_byte_level_bpe([CORPUS], TEXT_VOCAB, SPECIAL)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.save_pretrained(path)
+    return {name: fast.convert_tokens_to_ids(t) for name, t in
+            (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+             ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
+             ("eos_token_id", "<|im_end|>"))}
+
+
+def make_qwen2_vl(path: str, seed: int = 0, tie: bool = False) -> str:
+    """A random Qwen2VLForConditionalGeneration (fp32, a few hundred KB) with its tokenizer and
+    image-processor config, as transformers saves it."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    os.makedirs(path, exist_ok=True)
+    ids = write_tokenizer(path)
+    text = dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=4096, eos_token_id=ids["eos_token_id"],
+                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]})
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=PATCH,
+                  spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie,
+                           **{k: v for k, v in ids.items() if k != "eos_token_id"})
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    with torch.no_grad():  # random init leaves the norms at one and biases at zero: perturb them too
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_q" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(path)
+    with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
+        json.dump({"image_processor_type": "Qwen2VLImageProcessor", "patch_size": PATCH, "merge_size": MERGE,
+                   "temporal_patch_size": TEMPORAL, "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 64}, f)
+    return path
+
+
+def random_picture(grid_hw: tuple[int, int], gen: torch.Generator) -> np.ndarray:
+    """A picture's pixels as the model takes them: [1, h, w, patch] (transformers' pixel_values rows)."""
+    h, w = grid_hw
+    return torch.randn(1, h, w, PATCH_DIM, generator=gen).numpy()
+
+
+def build_req(ids: list[int], pictures: list[np.ndarray], cfg, max_new_tokens: int, rid: str = "r") -> Req:
+    """As RequestBuilder builds it: each image token expanded to the picture's pseudo tokens, then the
+    M-RoPE positions from the spans."""
+    images = [ProcessedImage(p, content_hash(p)) for p in pictures]
+    expanded, spans = expand_image_tokens(ids, cfg.image_token_id, images, cfg.image_tokens)
+    req = Req(rid, expanded, SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True), spans,
+              return_logprob=True, logprob_start_len=-1, top_logprobs_num=20)
+    req.mrope = cfg.mrope.positions(len(expanded), spans)
+    return req
+
+
+def hf_inputs(ids: list[int], pictures: list[np.ndarray], cfg) -> dict:
+    """transformers' inputs for the same prompt: image tokens repeated, pixel_values, grids, token types."""
+    expanded, types = [], []
+    it = iter(pictures)
+    for t in ids:
+        if t != cfg.image_token_id:
+            expanded.append(t)
+            types.append(0)
+            continue
+        n = cfg.image_tokens(ProcessedImage(next(it), b""))
+        expanded += [t] * n
+        types += [1] * n
+    inputs = {"input_ids": torch.tensor([expanded]), "mm_token_type_ids": torch.tensor([types])}
+    if pictures:
+        inputs["pixel_values"] = torch.cat([torch.from_numpy(p).reshape(-1, PATCH_DIM) for p in pictures])
+        inputs["image_grid_thw"] = torch.tensor([p.shape[:3] for p in pictures])
+    return inputs
+
+
+def hf_greedy(hf, inputs: dict, steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy ids and the log-softmax after the prompt and after each generated token."""
+    out = hf.generate(**inputs, max_new_tokens=steps, do_sample=False, output_logits=True,
+                      return_dict_in_generate=True)
+    n = inputs["input_ids"].shape[1]
+    return out.sequences[0, n:].tolist(), [torch.log_softmax(x[0].float(), -1) for x in out.logits]
