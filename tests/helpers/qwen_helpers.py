@@ -14,8 +14,7 @@ from vlserve.engine.prompt import expand_image_tokens
 from vlserve.preprocess import ProcessedImage, content_hash
 from vlserve.testing.bpe import train_byte_level_bpe
 
-PATCH, MERGE, TEMPORAL = 14, 2, 2
-PATCH_DIM = 3 * TEMPORAL * PATCH * PATCH
+MERGE, TEMPORAL = 2, 2
 TEXT_VOCAB = 300  # the trained BPE's; the special tokens follow, the decoder's rows are padded past them
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
            "<|image_pad|>", "<|video_pad|>"]
@@ -34,37 +33,49 @@ def write_tokenizer(path: str):
              ("eos_token_id", "<|im_end|>"))}
 
 
-def make_qwen2_vl(path: str, seed: int = 0, tie: bool = False) -> str:
-    """A random Qwen2VLForConditionalGeneration (fp32, a few hundred KB) with its tokenizer and
-    image-processor config, as transformers saves it."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+# --arch name → (transformers class name, patch size, vision config beyond the common part)
+ARCHS = {
+    "qwen2-vl": ("Qwen2VLForConditionalGeneration", 14, dict(embed_dim=32, hidden_size=64, mlp_ratio=2)),
+    # 56-pixel windows: 2x2 merged units, so the odd picture spans six windows; the last block attends fully
+    "qwen2.5-vl": ("Qwen2_5_VLForConditionalGeneration", 14,
+                   dict(hidden_size=32, intermediate_size=64, out_hidden_size=64, window_size=56,
+                        fullatt_block_indexes=[1], tokens_per_second=2)),
+}
 
+
+def make_qwen_vl(path: str, arch: str, seed: int = 0, tie: bool = False) -> str:
+    """A random Qwen-VL checkpoint of this --arch (fp32, a few hundred KB) with its tokenizer and
+    image-processor config, as transformers saves it."""
+    import transformers
+
+    class_name, patch, vision_extra = ARCHS[arch]
     os.makedirs(path, exist_ok=True)
     ids = write_tokenizer(path)
     text = dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=4096, eos_token_id=ids["eos_token_id"],
                 rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]})
-    vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=PATCH,
-                  spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL)
-    config = Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie,
-                           **{k: v for k, v in ids.items() if k != "eos_token_id"})
+    vision = dict(depth=2, num_heads=2, patch_size=patch, spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL,
+                  **vision_extra)
+    config_class = getattr(transformers, class_name.replace("ForConditionalGeneration", "Config"))
+    config = config_class(text_config=text, vision_config=vision, tie_word_embeddings=tie,
+                          **{k: v for k, v in ids.items() if k != "eos_token_id"})
     torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config).eval()
+    model = getattr(transformers, class_name)(config).eval()
     with torch.no_grad():  # random init leaves the norms at one and biases at zero: perturb them too
         for name, p in model.named_parameters():
             if "norm" in name or "ln_q" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(path)
     with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
-        json.dump({"image_processor_type": "Qwen2VLImageProcessor", "patch_size": PATCH, "merge_size": MERGE,
+        json.dump({"image_processor_type": "Qwen2VLImageProcessor", "patch_size": patch, "merge_size": MERGE,
                    "temporal_patch_size": TEMPORAL, "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 64}, f)
     return path
 
 
-def random_picture(grid_hw: tuple[int, int], gen: torch.Generator) -> np.ndarray:
+def random_picture(grid_hw: tuple[int, int], gen: torch.Generator, patch: int = 14) -> np.ndarray:
     """A picture's pixels as the model takes them: [1, h, w, patch] (transformers' pixel_values rows)."""
     h, w = grid_hw
-    return torch.randn(1, h, w, PATCH_DIM, generator=gen).numpy()
+    return torch.randn(1, h, w, 3 * TEMPORAL * patch * patch, generator=gen).numpy()
 
 
 def build_req(ids: list[int], pictures: list[np.ndarray], cfg, max_new_tokens: int, rid: str = "r") -> Req:
@@ -92,7 +103,7 @@ def hf_inputs(ids: list[int], pictures: list[np.ndarray], cfg) -> dict:
         types += [1] * n
     inputs = {"input_ids": torch.tensor([expanded]), "mm_token_type_ids": torch.tensor([types])}
     if pictures:
-        inputs["pixel_values"] = torch.cat([torch.from_numpy(p).reshape(-1, PATCH_DIM) for p in pictures])
+        inputs["pixel_values"] = torch.cat([torch.from_numpy(p).reshape(-1, p.shape[-1]) for p in pictures])
         inputs["image_grid_thw"] = torch.tensor([p.shape[:3] for p in pictures])
     return inputs
 

@@ -17,7 +17,7 @@ from vlserve.model.llava import (
     LlavaForServing, LlavaNextForServing, llava_next_config_from_hf, llava_next_video_config_from_hf,
     llava_onevision_config_from_hf,
 )
-from vlserve.model.qwen_vl import Qwen2VLForServing, qwen_vl_config_from_hf
+from vlserve.model.qwen_vl import Qwen25VLForServing, Qwen2VLForServing, qwen_vl_config_from_hf
 from vlserve.preprocess import AnyresProcessing, ImageProcessing
 
 
@@ -65,12 +65,17 @@ QWEN2_VL = Family(
     build_model=Qwen2VLForServing, config_from_hf=qwen_vl_config_from_hf,
     image_processing=ImageProcessing.from_hf_config)
 
+QWEN2_5_VL = Family(
+    architecture="Qwen2_5_VLForConditionalGeneration", model_type="qwen2_5_vl",
+    text_models=("qwen2_5_vl_text",), vision_models=("qwen2_5_vl_vision",),
+    build_model=Qwen25VLForServing, config_from_hf=qwen_vl_config_from_hf,
+    image_processing=ImageProcessing.from_hf_config)
+
 FAMILIES: dict[str, Family] = {f.architecture: f for f in (LLAVA, LLAVA_NEXT, LLAVA_ONEVISION, LLAVA_NEXT_VIDEO,
-                                                            QWEN2_VL)}
+                                                            QWEN2_VL, QWEN2_5_VL)}
 
 # Architectures people try that vlserve does not serve, with what stands in the way.
 REFUSED: dict[str, str] = {
-    "Qwen2_5_VLForConditionalGeneration": "Qwen2.5-VL: M-RoPE positions and a windowed native-resolution tower",
     "Qwen3VLMoeForConditionalGeneration": "Qwen3-VL MoE: mixture-of-experts decoder layers (dense Qwen3-VL is served)",
     "Idefics2ForConditionalGeneration": "Idefics2: a perceiver resampler over split images",
     "Idefics3ForConditionalGeneration": "Idefics3: pixel-shuffled image splitting",

@@ -165,8 +165,10 @@ def _rms_norm(dim: int) -> nn.Module:
 class Qwen2VisionTower(nn.Module):
     """Qwen2-VL's tower. Qwen2.5-VL's (Qwen25VisionTower) differs in its norms, MLP and windows."""
 
-    def __init__(self, vc):
+    def __init__(self, cfg):
+        """cfg: a model/config.py ModelConfig (its vision_hf_config is transformers' vision config)."""
         super().__init__()
+        vc = cfg.vision_hf_config
         self.merge = vc.spatial_merge_size
         dim = getattr(vc, "embed_dim", None) or vc.hidden_size
         self.patch_embed = PatchEmbed(vc)
@@ -183,6 +185,11 @@ class Qwen2VisionTower(nn.Module):
     def _out_dim(vc) -> int:
         return vc.hidden_size
 
+    def encode(self, pixel_values: list[torch.Tensor], image_sizes: list, roles: list | None = None
+               ) -> list[torch.Tensor]:
+        """As LlavaForServing.encode_images calls its vision part (sizes and roles do not matter here)."""
+        return self(pixel_values)
+
     def forward(self, pixels: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each item's [t, h, w, patch] pixels → its merged embeddings [t*h*w / merge², out_dim]."""
         grids = [grid_of(p) for p in pixels]
@@ -198,3 +205,62 @@ class Qwen2VisionTower(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin, lengths)
         return x
+
+
+def window_layout(grid: tuple[int, int, int], merge: int, window: int) -> tuple[torch.Tensor, list[int]]:
+    """Qwen2.5-VL's windows over one item: the order of its merged units that puts each window's
+    units together (frame pair by frame pair, windows row-major, units row-major within), and each
+    window's length in patches. `window` is in merged units per side."""
+    t, h, w = grid
+    gh, gw = h // merge, w // merge
+    order, lengths = [], []
+    units = torch.arange(t * gh * gw).reshape(t, gh, gw)
+    for frame in units:
+        for top in range(0, gh, window):
+            for left in range(0, gw, window):
+                cell = frame[top:top + window, left:left + window].reshape(-1)
+                order.append(cell)
+                lengths.append(cell.numel() * merge * merge)
+    return torch.cat(order), lengths
+
+
+class Qwen25VisionTower(Qwen2VisionTower):
+    """Qwen2.5-VL: RMSNorms, a gated MLP with biases, and window attention except in
+    fullatt_block_indexes. The patches are put in window order once (by merged unit, so the merger's
+    2x2 units stay whole), the blocks run, and the merged rows are put back in the processor's order."""
+
+    _norm = staticmethod(_rms_norm)
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        vc = cfg.vision_hf_config
+        self.full_blocks = frozenset(vc.fullatt_block_indexes)
+        self.window = vc.window_size // self.merge // vc.patch_size
+
+    def _block(self, vc, dim: int) -> VisionBlock:
+        return VisionBlock(dim, vc.num_heads, GatedMlp(dim, vc.intermediate_size, vc.hidden_act), self._norm)
+
+    @staticmethod
+    def _out_dim(vc) -> int:
+        return vc.out_hidden_size
+
+    def forward(self, pixels: list[torch.Tensor]) -> list[torch.Tensor]:
+        grids = [grid_of(p) for p in pixels]
+        unit = self.merge ** 2
+        orders, windows, first = [], [], 0
+        for grid in grids:
+            order, lengths = window_layout(grid, self.merge, self.window)
+            orders.append(order + first)
+            windows += lengths
+            first += order.numel()
+        order = torch.cat(orders)
+        x = self.patch_embed(torch.cat([p.reshape(-1, p.shape[-1]) for p in pixels]))
+        positions = torch.cat([patch_positions(g, self.merge) for g in grids]).to(x.device)
+        cos, sin = self.rotary_pos_emb(positions)
+        by_window = lambda a: a.reshape(-1, unit, a.shape[-1])[order].reshape(-1, a.shape[-1])  # noqa: E731
+        x, cos, sin = by_window(x), by_window(cos), by_window(sin)
+        frames = [h * w for t, h, w in grids for _ in range(t)]
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, frames if i in self.full_blocks else windows)
+        merged = self.merger(x)[torch.argsort(order)]
+        return list(merged.split([t * h * w // unit for t, h, w in grids]))

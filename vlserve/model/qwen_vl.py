@@ -13,7 +13,7 @@ from vlserve.core.errors import CheckpointError
 from vlserve.model.config import ModelConfig, TextConfig, parse_dtype, _sliding_window
 from vlserve.model.llava import LlavaForServing
 from vlserve.model.mrope import MRopeLayout
-from vlserve.model.qwen_vision import Qwen2VisionTower
+from vlserve.model.qwen_vision import Qwen25VisionTower, Qwen2VisionTower
 
 # text model_type → (q/k/v bias, q/k norm, M-RoPE frequencies interleaved, default mrope_section)
 _TEXT_MODELS = {
@@ -23,18 +23,12 @@ _TEXT_MODELS = {
 }
 
 
-class QwenVisionEncoder(Qwen2VisionTower):
-    """The tower as LlavaForServing's `vision`: encode(pixels, sizes, roles) → per item embeddings."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg.vision_hf_config)
-
-    def encode(self, pixel_values: list, image_sizes: list, roles: list | None = None) -> list:
-        return self(pixel_values)
-
-
 class Qwen2VLForServing(LlavaForServing):
-    vision_encoder = QwenVisionEncoder
+    vision_encoder = Qwen2VisionTower
+
+
+class Qwen25VLForServing(LlavaForServing):
+    vision_encoder = Qwen25VisionTower
 
 
 def qwen_vl_config_from_hf(hf) -> ModelConfig:

@@ -1,5 +1,5 @@
-"""Qwen2-VL through the engine (scheduler, radix cache, paged pool, CPU kernels) against transformers'
-Qwen2VLForConditionalGeneration, fp32: greedy ids, each step's logprob and the prefill's top-20
+"""Qwen2-VL and Qwen2.5-VL through the engine (scheduler, radix cache, paged pool, CPU kernels)
+against transformers' ForConditionalGeneration classes, fp32: greedy ids, each step's logprob and the prefill's top-20
 within 1e-4 — text only, one picture of odd size, two pictures of different sizes; page sizes 1 and
 4; radix cache on and off; chunked prefill; and again from the cache, which then covers the media."""
 
@@ -8,23 +8,23 @@ import threading
 import pytest
 import torch
 
-from helpers.qwen_helpers import build_req, hf_greedy, hf_inputs, make_qwen2_vl, random_picture
+from helpers.qwen_helpers import ARCHS, build_req, hf_greedy, hf_inputs, make_qwen_vl, random_picture
 from vlserve.engine.engine import Engine
 
 STEPS = 12
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return make_qwen2_vl(str(tmp_path_factory.mktemp("qwen2-vl")), seed=3)
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def checkpoint(request, tmp_path_factory):
+    return make_qwen_vl(str(tmp_path_factory.mktemp(request.param)), request.param, seed=3)
 
 
 @pytest.fixture(scope="module")
 def hf(checkpoint):
-    from transformers import Qwen2VLForConditionalGeneration
+    from transformers import AutoModelForImageTextToText
 
-    return Qwen2VLForConditionalGeneration.from_pretrained(checkpoint).eval()
+    return AutoModelForImageTextToText.from_pretrained(checkpoint).eval()
 
 
 def _prompts(image_token: int):
