@@ -1,4 +1,4 @@
-"""Qwen2-VL and Qwen2.5-VL through the engine (scheduler, radix cache, paged pool, CPU kernels)
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL through the engine (scheduler, radix cache, paged pool, CPU kernels)
 against transformers' ForConditionalGeneration classes, fp32: greedy ids, each step's logprob and the prefill's top-20
 within 1e-4 — text only, one picture of odd size, two pictures of different sizes; page sizes 1 and
 4; radix cache on and off; chunked prefill; and again from the cache, which then covers the media."""
@@ -27,11 +27,12 @@ def hf(checkpoint):
     return AutoModelForImageTextToText.from_pretrained(checkpoint).eval()
 
 
-def _prompts(image_token: int):
+def _prompts(cfg):
+    image_token, patch = cfg.image_token_id, cfg.vision_hf_config.patch_size
     gen = torch.Generator().manual_seed(7)
     text = lambda n: torch.randint(5, 290, (n,), generator=gen).tolist()  # noqa: E731
-    odd = random_picture((6, 10), gen)  # 15 merged tokens: a 84x140 picture
-    small, tall = random_picture((4, 4), gen), random_picture((8, 2), gen)
+    odd = random_picture((6, 10), gen, patch)  # 15 merged tokens: a 84x140 picture (96x160 in Qwen3-VL)
+    small, tall = random_picture((4, 4), gen, patch), random_picture((8, 2), gen, patch)
     return {
         "text": (text(9), []),
         "one-odd-picture": (text(3) + [image_token] + text(6), [odd]),
@@ -66,7 +67,7 @@ def test_engine_matches_transformers(checkpoint, hf, page_size, radix, chunk):
     with Engine(checkpoint, max_total_tokens=1024, page_size=page_size, disable_radix_cache=not radix,
                 chunked_prefill_size=chunk) as engine:
         cfg = engine.loaded.config
-        prompts = _prompts(cfg.image_token_id)
+        prompts = _prompts(cfg)
         refs = {name: hf_greedy(hf, hf_inputs(ids, pics, cfg), STEPS) for name, (ids, pics) in prompts.items()}
         first = [build_req(ids, pics, cfg, STEPS, rid=name) for name, (ids, pics) in prompts.items()]
         _run(engine, first)
@@ -87,7 +88,7 @@ def test_decode_positions_follow_the_picture(checkpoint):
     """Tokens after a 6x10-merged-patch... picture continue from its spatial extent, not the token count."""
     with Engine(checkpoint, max_total_tokens=256) as engine:
         cfg = engine.loaded.config
-        ids, pics = _prompts(cfg.image_token_id)["one-odd-picture"]
+        ids, pics = _prompts(cfg)["one-odd-picture"]
         req = build_req(ids, pics, cfg, 2)
         n = len(req.input_ids)
         assert n == 3 + 15 + 6

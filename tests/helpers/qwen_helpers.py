@@ -40,6 +40,10 @@ ARCHS = {
     "qwen2.5-vl": ("Qwen2_5_VLForConditionalGeneration", 14,
                    dict(hidden_size=32, intermediate_size=64, out_hidden_size=64, window_size=56,
                         fullatt_block_indexes=[1], tokens_per_second=2)),
+    # a 6x6 learned position grid resampled to each picture; DeepStack from both tower layers
+    "qwen3-vl": ("Qwen3VLForConditionalGeneration", 16,
+                 dict(hidden_size=32, intermediate_size=64, out_hidden_size=64, num_position_embeddings=36,
+                      deepstack_visual_indexes=[0, 1])),
 }
 
 
@@ -56,6 +60,8 @@ def make_qwen_vl(path: str, arch: str, seed: int = 0, tie: bool = False) -> str:
                 rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]})
     vision = dict(depth=2, num_heads=2, patch_size=patch, spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL,
                   **vision_extra)
+    if arch == "qwen3-vl":
+        text["head_dim"] = 16  # Qwen3's config does not derive it from the width
     config_class = getattr(transformers, class_name.replace("ForConditionalGeneration", "Config"))
     config = config_class(text_config=text, vision_config=vision, tie_word_embeddings=tie,
                           **{k: v for k, v in ids.items() if k != "eos_token_id"})

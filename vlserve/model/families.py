@@ -17,7 +17,9 @@ from vlserve.model.llava import (
     LlavaForServing, LlavaNextForServing, llava_next_config_from_hf, llava_next_video_config_from_hf,
     llava_onevision_config_from_hf,
 )
-from vlserve.model.qwen_vl import Qwen25VLForServing, Qwen2VLForServing, qwen_vl_config_from_hf
+from vlserve.model.qwen_vl import (
+    Qwen25VLForServing, Qwen2VLForServing, Qwen3VLForServing, qwen_vl_config_from_hf,
+)
 from vlserve.preprocess import AnyresProcessing, ImageProcessing
 
 
@@ -71,8 +73,14 @@ QWEN2_5_VL = Family(
     build_model=Qwen25VLForServing, config_from_hf=qwen_vl_config_from_hf,
     image_processing=ImageProcessing.from_hf_config)
 
+QWEN3_VL = Family(
+    architecture="Qwen3VLForConditionalGeneration", model_type="qwen3_vl",
+    text_models=("qwen3_vl_text",), vision_models=("qwen3_vl_vision",),
+    build_model=Qwen3VLForServing, config_from_hf=qwen_vl_config_from_hf,
+    image_processing=ImageProcessing.from_hf_config)
+
 FAMILIES: dict[str, Family] = {f.architecture: f for f in (LLAVA, LLAVA_NEXT, LLAVA_ONEVISION, LLAVA_NEXT_VIDEO,
-                                                            QWEN2_VL, QWEN2_5_VL)}
+                                                            QWEN2_VL, QWEN2_5_VL, QWEN3_VL)}
 
 # Architectures people try that vlserve does not serve, with what stands in the way.
 REFUSED: dict[str, str] = {

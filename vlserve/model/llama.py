@@ -163,6 +163,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         self.sm_scale = cfg.head_dim ** -0.5
         self.fused_ops = True  # KernelConfig.fused_ops: rotary and the KV store fused
+        if cfg.qk_norm:  # Qwen3: each head of q and k normalised before the rotary
+            self.q_norm, self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps), RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def fuse(self) -> None:
         """One GEMM for q, k and v (after loading the checkpoint's separate weights)."""
@@ -178,6 +180,8 @@ class Attention(nn.Module):
         else:
             qkv, (q, k, v) = None, (self.q_proj(x), self.k_proj(x), self.v_proj(x))
         q, k = q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):  # new tensors: the in-place rotary below no longer reaches the qkv rows
+            q, k, qkv = self.q_norm(q), self.k_norm(k), None
         # q and k sit side by side in each row of the fused output: one rotary call for both, in place
         # (q and k above are views of it, so they see the rotation)
         qk = (None if qkv is None
@@ -271,12 +275,17 @@ class LlamaDecoder(nn.Module):
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.fused_ops = enabled
 
-    def forward(self, hidden: torch.Tensor, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend):
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend,
+                deepstack: torch.Tensor | None = None):
+        """deepstack (Qwen3-VL): [levels, image rows, hidden], added after layer i at batch.image_mask's
+        rows for each level i."""
         seq_lens = None
         if self.rotary.long_after is not None:
             seq_lens = torch.repeat_interleave(batch.seq_lens, batch.extend_lens, output_size=hidden.shape[0])
         cos, sin = self.rotary(batch.positions, hidden.dtype, seq_lens)
         residual = None
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             hidden, residual = layer(hidden, residual, cos, sin, batch, kv, attn)
+            if deepstack is not None and i < deepstack.shape[0]:  # the stream is residual + hidden
+                hidden[batch.image_mask] += deepstack[i]
         return self.norm(hidden) if residual is None else self.norm.add_and_norm(residual, hidden)[1]

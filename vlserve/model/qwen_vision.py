@@ -264,3 +264,93 @@ class Qwen25VisionTower(Qwen2VisionTower):
             x = block(x, cos, sin, frames if i in self.full_blocks else windows)
         merged = self.merger(x)[torch.argsort(order)]
         return list(merged.split([t * h * w // unit for t, h, w in grids]))
+
+
+class FcMlp(nn.Module):
+    """Qwen3-VL's: linear_fc1, activation, linear_fc2."""
+
+    def __init__(self, dim: int, hidden: int, act: str, out_dim: int | None = None):
+        super().__init__()
+        self.linear_fc1, self.act_fn = nn.Linear(dim, hidden), ACT2FN[act]
+        self.linear_fc2 = nn.Linear(hidden, out_dim or dim)
+
+    def forward(self, x):
+        return self.linear_fc2(self.act_fn(self.linear_fc1(x)))
+
+
+class Qwen3PatchMerger(nn.Module):
+    """The norm over each patch (the final merger) or over each merged 2x2 unit (DeepStack's), then
+    the unit's concatenated patches through an MLP."""
+
+    def __init__(self, dim: int, out_dim: int, merge: int, after_merge: bool):
+        super().__init__()
+        self.hidden, self.after_merge = dim * merge ** 2, after_merge
+        self.norm = nn.LayerNorm(self.hidden if after_merge else dim, eps=1e-6)
+        self.linear_fc1, self.act_fn = nn.Linear(self.hidden, self.hidden), nn.GELU()
+        self.linear_fc2 = nn.Linear(self.hidden, out_dim)
+
+    def forward(self, x):
+        x = self.norm(x.view(-1, self.hidden)) if self.after_merge else self.norm(x).view(-1, self.hidden)
+        return self.linear_fc2(self.act_fn(self.linear_fc1(x)))
+
+
+def bilinear_matrix(size: int, side: int) -> torch.Tensor:
+    """[size, side]: the weights that resample `side` points to `size` with align_corners=True."""
+    src = torch.arange(size, dtype=torch.float32) * (side - 1) / max(size - 1, 1)
+    low = src.floor()
+    frac = src - low
+    m = torch.zeros(size, side)
+    rows = torch.arange(size)
+    m.index_put_((rows, low.long().clamp(0, side - 1)), 1 - frac, accumulate=True)
+    m.index_put_((rows, (low.long() + 1).clamp(0, side - 1)), frac, accumulate=True)
+    return m
+
+
+class Qwen3VisionTower(nn.Module):
+    """Qwen3-VL's tower: a learned square grid of position embeddings resampled (bilinear) to each
+    picture's patch grid and added to the patches, the 2-D rotary, LayerNorm blocks attending within
+    each frame pair, and DeepStack: after each block in deepstack_visual_indexes, a merger of its own
+    turns that block's output into features the decoder adds at the same rows in its first layers.
+    Each item's embeddings are [tokens, out_dim * (1 + DeepStack levels)]: the LM's input, then each
+    level's features (one tensor, so the vision cache, chunking and TP messages carry them whole)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        vc = cfg.vision_hf_config
+        self.merge, dim = vc.spatial_merge_size, vc.hidden_size
+        self.patch_embed = PatchEmbed(vc)
+        self.pos_embed = nn.Embedding(vc.num_position_embeddings, dim)
+        self.side = int(vc.num_position_embeddings ** 0.5)
+        self.rotary_pos_emb = VisionRotary(vc, dim // vc.num_heads)
+        self.blocks = nn.ModuleList(VisionBlock(dim, vc.num_heads, FcMlp(dim, vc.intermediate_size, vc.hidden_act),
+                                                _layer_norm) for _ in range(vc.depth))
+        self.merger = Qwen3PatchMerger(dim, vc.out_hidden_size, self.merge, after_merge=False)
+        self.deepstack_visual_indexes = list(vc.deepstack_visual_indexes)
+        self.deepstack_merger_list = nn.ModuleList(
+            Qwen3PatchMerger(dim, vc.out_hidden_size, self.merge, after_merge=True)
+            for _ in self.deepstack_visual_indexes)
+
+    encode = Qwen2VisionTower.encode
+
+    def grid_embeddings(self, grid: tuple[int, int, int], positions: torch.Tensor) -> torch.Tensor:
+        """The learned grid resampled to (h, w), at each patch's (row, column): [t*h*w, dim]."""
+        t, h, w = grid
+        table = self.pos_embed.weight.view(self.side, self.side, -1).float()
+        rows, cols = bilinear_matrix(h, self.side), bilinear_matrix(w, self.side)
+        resampled = torch.einsum("hi,ijc,wj->hwc", rows.to(table.device), table, cols.to(table.device))
+        return resampled[positions[:, 0], positions[:, 1]].to(self.pos_embed.weight.dtype)
+
+    def forward(self, pixels: list[torch.Tensor]) -> list[torch.Tensor]:
+        grids = [grid_of(p) for p in pixels]
+        x = self.patch_embed(torch.cat([p.reshape(-1, p.shape[-1]) for p in pixels]))
+        per_item = [patch_positions(g, self.merge).to(x.device) for g in grids]
+        x = x + torch.cat([self.grid_embeddings(g, pos) for g, pos in zip(grids, per_item)]).to(x.dtype)
+        cos, sin = self.rotary_pos_emb(torch.cat(per_item))
+        lengths = [h * w for t, h, w in grids for _ in range(t)]
+        levels = []
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, lengths)
+            if i in self.deepstack_visual_indexes:
+                levels.append(self.deepstack_merger_list[self.deepstack_visual_indexes.index(i)](x))
+        merged = torch.cat([self.merger(x), *levels], dim=-1)
+        return list(merged.split([t * h * w // self.merge ** 2 for t, h, w in grids]))

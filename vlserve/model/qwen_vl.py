@@ -9,11 +9,16 @@ transformers writes both come out as text_config / vision_config.
 
 from typing import Any
 
+import torch
+
 from vlserve.core.errors import CheckpointError
+from vlserve.core.forward_batch import ForwardBatch
+from vlserve.memory.kv_pool import KVPool
+from vlserve.model.attention import AttentionBackend
 from vlserve.model.config import ModelConfig, TextConfig, parse_dtype, _sliding_window
 from vlserve.model.llava import LlavaForServing
 from vlserve.model.mrope import MRopeLayout
-from vlserve.model.qwen_vision import Qwen25VisionTower, Qwen2VisionTower
+from vlserve.model.qwen_vision import Qwen25VisionTower, Qwen2VisionTower, Qwen3VisionTower
 
 # text model_type → (q/k/v bias, q/k norm, M-RoPE frequencies interleaved, default mrope_section)
 _TEXT_MODELS = {
@@ -29,6 +34,23 @@ class Qwen2VLForServing(LlavaForServing):
 
 class Qwen25VLForServing(LlavaForServing):
     vision_encoder = Qwen25VisionTower
+
+
+class Qwen3VLForServing(LlavaForServing):
+    """Each media row's embedding carries DeepStack's levels after the LM input (Qwen3VisionTower)."""
+    vision_encoder = Qwen3VisionTower
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend) -> torch.Tensor:
+        hidden = self.language_model.embed_tokens(batch.input_ids)
+        deepstack = None
+        if batch.image_mask is not None:
+            size = hidden.shape[1]
+            embeds = batch.image_embeds.to(hidden.dtype)
+            hidden[batch.image_mask] = embeds[:, :size]
+            deepstack = embeds[:, size:].reshape(embeds.shape[0], -1, size).transpose(0, 1)
+        hidden = self.language_model(hidden, batch, kv, attn, deepstack)
+        return self.lm_head(hidden[batch.logits_rows]).float()
 
 
 def qwen_vl_config_from_hf(hf) -> ModelConfig:
