@@ -1,14 +1,17 @@
 """Qwen2-VL, Qwen2.5-VL and Qwen3-VL through the engine (scheduler, radix cache, paged pool, CPU kernels)
 against transformers' ForConditionalGeneration classes, fp32: greedy ids, each step's logprob and the prefill's top-20
-within 1e-4 — text only, one picture of odd size, two pictures of different sizes; page sizes 1 and
-4; radix cache on and off; chunked prefill; and again from the cache, which then covers the media."""
+within 1e-4 — text only, one picture of odd size, two pictures of different sizes, a video, a picture
+with a video; page sizes 1 and 4; radix cache on and off; chunked prefill; and again from the cache,
+which then covers the media."""
 
 import threading
 
 import pytest
 import torch
 
-from helpers.qwen_helpers import ARCHS, build_req, hf_greedy, hf_inputs, make_qwen_vl, random_picture
+from helpers.qwen_helpers import (
+    ARCHS, SPECIAL, build_req, hf_greedy, hf_inputs, make_qwen_vl, random_picture, video_pad,
+)
 from vlserve.engine.engine import Engine
 
 STEPS = 12
@@ -28,15 +31,26 @@ def hf(checkpoint):
 
 
 def _prompts(cfg):
-    image_token, patch = cfg.image_token_id, cfg.vision_hf_config.patch_size
+    """Name → (ids with one pad per picture / video pad, the media in order)."""
+    image, video, patch = cfg.image_token_id, cfg.video_token_id, cfg.vision_hf_config.patch_size
     gen = torch.Generator().manual_seed(7)
-    text = lambda n: torch.randint(5, 290, (n,), generator=gen).tolist()  # noqa: E731
-    odd = random_picture((6, 10), gen, patch)  # 15 merged tokens: a 84x140 picture (96x160 in Qwen3-VL)
-    small, tall = random_picture((4, 4), gen, patch), random_picture((8, 2), gen, patch)
+    text = lambda n: torch.randint(len(SPECIAL), 290, (n,), generator=gen).tolist()  # noqa: E731
+    picture = lambda h, w: random_picture((h, w), gen, patch)  # noqa: E731
+    odd = picture(6, 10)  # 15 merged tokens: an 84x140 picture (96x160 in Qwen3-VL)
+    small, tall = picture(4, 4), picture(8, 2)
+    # a video of 5 frame pairs on a 4x6 grid, longer in time than in space; 0.8 s a pair (Qwen2.5-VL)
+    frames = [picture(4, 6) for _ in range(5)]
+    if cfg.text.mrope_interleaved:  # Qwen3-VL: each pair its own pad after its timestamp's tokens
+        video_ids = [t for _ in frames for t in text(3) + [video]]
+        pads = [video_pad([f]) for f in frames]
+    else:
+        video_ids, pads = [video], [video_pad(frames, 0.8)]
     return {
         "text": (text(9), []),
-        "one-odd-picture": (text(3) + [image_token] + text(6), [odd]),
-        "two-pictures": (text(2) + [image_token] + text(3) + [image_token] + text(4), [small, tall]),
+        "one-odd-picture": (text(3) + [image] + text(6), [odd]),
+        "two-pictures": (text(2) + [image] + text(3) + [image] + text(4), [small, tall]),
+        "video": (text(2) + video_ids + text(5), pads),
+        "picture-and-video": (text(2) + [image] + text(2) + video_ids + text(3), [tall, *pads]),
     }
 
 
@@ -79,19 +93,27 @@ def test_engine_matches_transformers(checkpoint, hf, page_size, radix, chunk):
             _assert_matches(req, *refs[req.rid])
             if radix:
                 assert req.cached_tokens >= len(req.input_ids) - page_size, (req.rid, req.cached_tokens)
-                assert all(span.end <= req.cached_tokens for span in req.images)
+                # the cache covers the media but the prompt's last page (page_size > 1: it is not shared)
+                assert all(span.end <= req.cached_tokens for span in req.images
+                           if span.end <= len(req.input_ids) - page_size)
             else:
                 assert req.cached_tokens == 0
 
 
-def test_decode_positions_follow_the_picture(checkpoint):
-    """Tokens after a 6x10-merged-patch... picture continue from its spatial extent, not the token count."""
+def test_generated_positions_go_on_from_the_prompt(checkpoint):
+    """Qwen2-VL / Qwen2.5-VL: after a video longer in time (5 pairs) than in space (2x3 merged), text
+    resumes at the video's start + 3; every family: generated tokens go on from the prompt's last
+    position, as generate() places them."""
     with Engine(checkpoint, max_total_tokens=256) as engine:
         cfg = engine.loaded.config
-        ids, pics = _prompts(cfg)["one-odd-picture"]
-        req = build_req(ids, pics, cfg, 2)
+        ids, media = _prompts(cfg)["video"]
+        req = build_req(ids, media, cfg, 2)
         n = len(req.input_ids)
-        assert n == 3 + 15 + 6
-        # text after the picture resumes at 3 + max(3, 5); generated tokens continue from there
-        assert req.mrope.prompt[:, 18].tolist() == [8] * 3
-        assert req.mrope.rows(n, n + 1).tolist() == [[8 + 6]] * 3
+        last = req.mrope.prompt[0, -1].item()
+        assert req.mrope.prompt[:, -1].tolist() == [last] * 3
+        assert req.mrope.rows(n, n + 2).tolist() == [[last + 1, last + 2]] * 3
+        if not cfg.text.mrope_interleaved:
+            assert n == 2 + 5 * 6 + 5
+            temporal = [0, 1, 2, 3, 4] if cfg.mrope.tokens_per_second is None else [0, 1, 3, 4, 6]  # 1.6 a pair
+            assert req.mrope.prompt[0, 2:32:6].tolist() == [2 + t for t in temporal]
+            assert req.mrope.prompt[:, 32].tolist() == [5] * 3 and last == 9

@@ -10,7 +10,7 @@ import torch
 
 from vlserve.core.request import Req
 from vlserve.core.sampling_params import SamplingParams
-from vlserve.engine.prompt import expand_image_tokens
+from vlserve.engine.qwen_prompt import VideoPad, expand_qwen_media
 from vlserve.preprocess import ProcessedImage, content_hash
 from vlserve.testing.bpe import train_byte_level_bpe
 
@@ -84,33 +84,54 @@ def random_picture(grid_hw: tuple[int, int], gen: torch.Generator, patch: int = 
     return torch.randn(1, h, w, 3 * TEMPORAL * patch * patch, generator=gen).numpy()
 
 
-def build_req(ids: list[int], pictures: list[np.ndarray], cfg, max_new_tokens: int, rid: str = "r") -> Req:
-    """As RequestBuilder builds it: each image token expanded to the picture's pseudo tokens, then the
-    M-RoPE positions from the spans."""
-    images = [ProcessedImage(p, content_hash(p)) for p in pictures]
-    expanded, spans = expand_image_tokens(ids, cfg.image_token_id, images, cfg.image_tokens)
+def video_pad(patches: list[np.ndarray], seconds: float | None = None) -> VideoPad:
+    """A video pad of these temporal patches ([1, h, w, patch] each), keyed per patch."""
+    return VideoPad([ProcessedImage(p, content_hash(p, role="video"), role="video") for p in patches], seconds)
+
+
+def build_req(ids: list[int], media: list, cfg, max_new_tokens: int, rid: str = "r") -> Req:
+    """As RequestBuilder builds it: each pad expanded to its media's pseudo tokens (pictures as
+    arrays, videos as VideoPads, in prompt order), then the M-RoPE positions from the spans."""
+    images = [ProcessedImage(m, content_hash(m)) for m in media if not isinstance(m, VideoPad)]
+    videos = [m for m in media if isinstance(m, VideoPad)]
+    expanded, spans = expand_qwen_media(ids, cfg.image_token_id, cfg.video_token_id, images, videos, cfg.image_tokens)
     req = Req(rid, expanded, SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True), spans,
               return_logprob=True, logprob_start_len=-1, top_logprobs_num=20)
     req.mrope = cfg.mrope.positions(len(expanded), spans)
     return req
 
 
-def hf_inputs(ids: list[int], pictures: list[np.ndarray], cfg) -> dict:
-    """transformers' inputs for the same prompt: image tokens repeated, pixel_values, grids, token types."""
-    expanded, types = [], []
-    it = iter(pictures)
+def hf_inputs(ids: list[int], media: list, cfg) -> dict:
+    """transformers' inputs for the same prompt: pads repeated, pixel_values(_videos), grids, token types,
+    second_per_grid_ts (one grid per video pad: a Qwen3-VL frame pair's is its own, which is how
+    transformers splits a Qwen3-VL video's grid)."""
+    expanded, types, it = [], [], iter(media)
+    pictures, videos = [], []
     for t in ids:
-        if t != cfg.image_token_id:
+        if t not in (cfg.image_token_id, cfg.video_token_id):
             expanded.append(t)
             types.append(0)
             continue
-        n = cfg.image_tokens(ProcessedImage(next(it), b""))
+        item = next(it)
+        if isinstance(item, VideoPad):
+            videos.append(item)
+            n, kind = sum(cfg.image_tokens(p) for p in item.patches), 2
+        else:
+            pictures.append(item)
+            n, kind = cfg.image_tokens(ProcessedImage(item, b"")), 1
         expanded += [t] * n
-        types += [1] * n
+        types += [kind] * n
     inputs = {"input_ids": torch.tensor([expanded]), "mm_token_type_ids": torch.tensor([types])}
+    rows = lambda arrays: torch.cat([torch.from_numpy(a).reshape(-1, a.shape[-1]) for a in arrays])  # noqa: E731
     if pictures:
-        inputs["pixel_values"] = torch.cat([torch.from_numpy(p).reshape(-1, p.shape[-1]) for p in pictures])
+        inputs["pixel_values"] = rows(pictures)
         inputs["image_grid_thw"] = torch.tensor([p.shape[:3] for p in pictures])
+    if videos:
+        inputs["pixel_values_videos"] = rows([p.pixel_values for v in videos for p in v.patches])
+        inputs["video_grid_thw"] = torch.tensor([(len(v.patches), *v.patches[0].pixel_values.shape[1:3])
+                                                 for v in videos])
+        if cfg.mrope.tokens_per_second is not None:
+            inputs["second_per_grid_ts"] = torch.tensor([v.second_per_grid_t or 1.0 for v in videos])
     return inputs
 
 

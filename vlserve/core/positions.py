@@ -12,10 +12,10 @@ import torch
 
 @dataclass(frozen=True)
 class MRopePositions:
-    """(temporal, height, width) positions of every prompt token, and the offset that generated
-    tokens add to their index: token i >= len(prompt) sits at i + delta on all three axes."""
+    """(temporal, height, width) positions of every prompt token, and where generated tokens go on:
+    token i >= len(prompt) sits at next_position + (i - len(prompt)) on each axis."""
     prompt: torch.Tensor  # [3, prompt_len] int64
-    delta: int  # max(prompt positions) + 1 - prompt_len, as transformers' mrope_position_deltas
+    next_position: tuple[int, int, int]  # the first generated token's, per axis
 
     def rows(self, start: int, end: int) -> torch.Tensor:
         """Positions of token indices start .. end-1, [3, end - start] int64."""
@@ -24,6 +24,6 @@ class MRopePositions:
         if start < n:
             parts.append(self.prompt[:, start:min(end, n)])
         if end > n:
-            after = torch.arange(max(start, n), end, dtype=torch.int64) + self.delta
-            parts.append(after.expand(3, -1))
+            after = torch.arange(max(start, n) - n, end - n, dtype=torch.int64)
+            parts.append(after[None, :] + torch.tensor(self.next_position)[:, None])
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

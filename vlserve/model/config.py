@@ -50,6 +50,7 @@ class ModelConfig:
 
     anyres: AnyresLayout | None = None  # LLaVA-NeXT: tiles, so the token count depends on the image
     mrope: MRopeLayout | None = None  # Qwen-VL: native-resolution grids and M-RoPE positions
+    video_token_id: int | None = None  # Qwen-VL: the pad standing for a video (its frame pairs)
 
     def image_tokens(self, image) -> int:
         """Placeholder tokens for a preprocess.ProcessedImage: by its views, original size and role."""

@@ -9,9 +9,12 @@ The rule is transformers' `get_rope_index` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), the
 - text after a run resumes at p + max(rows, columns): transformers counts the spatial extent only.
   Qwen's original rule resumed at max(every position) + 1, which is larger when a video runs longer
   in time than in space; vlserve follows transformers;
-- generated tokens sit at their index plus delta = max(every prompt position) + 1 - prompt length
-  on all three axes (transformers' mrope_position_deltas), which is not where the prompt's rule
-  would put them after such a video: that too is transformers' behaviour, kept.
+- generated tokens go on from the prompt's last position, +1 per token on each axis, as
+  transformers' generate() places them (it extends the prompt's position_ids by one a step), which
+  is also where the text rule above would put the same tokens in a longer prompt: a cached reply
+  reused by the next turn's prompt has the positions that prompt gives it. (get_rope_index's
+  mrope_position_deltas, max(position) + 1 - length, the original Qwen rule and vLLM's, is larger
+  after such a video; transformers uses it only for a forward given a cache and no position_ids.)
 Qwen3-VL writes each frame pair of a video as its own run between timestamps; its runs are then
 grids with t = 1, as transformers splits them.
 """
@@ -42,7 +45,7 @@ def video_time_interval(tokens_per_second: float, second_per_grid_t: float) -> f
 
 
 def mrope_positions(prompt_len: int, runs: list[VisionRun], spatial_merge_size: int) -> MRopePositions:
-    """Positions [3, prompt_len] and the decode delta; runs in any order, not overlapping."""
+    """Positions [3, prompt_len] and the first generated token's; runs in any order, not overlapping."""
     parts, pos, index = [], 0, 0
     for run in sorted(runs, key=lambda r: r.start):
         if run.start < index:
@@ -58,8 +61,8 @@ def mrope_positions(prompt_len: int, runs: list[VisionRun], spatial_merge_size: 
         raise ValueError(f"vision runs end at token {index}, past the prompt's {prompt_len}")
     parts.append(torch.arange(pos, pos + prompt_len - index, dtype=torch.int64).expand(3, -1))
     prompt = torch.cat(parts, dim=1).contiguous()
-    delta = int(prompt.max()) + 1 - prompt_len if prompt_len else 0
-    return MRopePositions(prompt, delta)
+    last = prompt[:, -1].tolist() if prompt_len else [-1, -1, -1]
+    return MRopePositions(prompt, tuple(p + 1 for p in last))
 
 
 def _run_positions(run: VisionRun, start: int, merge: int) -> torch.Tensor:

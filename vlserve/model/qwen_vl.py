@@ -80,7 +80,7 @@ def qwen_vl_config_from_hf(hf) -> ModelConfig:
         vision_feature_layer=-1, vision_feature_select_strategy="full", vision_has_cls=False,
         projector_hidden_act="gelu", projector_bias=True, image_size=vc.patch_size, patch_size=vc.patch_size,
         dtype=parse_dtype(getattr(hf, "dtype", None) or getattr(tc, "dtype", None)),
-        mrope=MRopeLayout(vc.spatial_merge_size, tokens_per_second))
+        mrope=MRopeLayout(vc.spatial_merge_size, tokens_per_second), video_token_id=hf.video_token_id)
 
 
 def _eos_ids(hf: Any) -> tuple[int, ...]:
