@@ -1,0 +1,221 @@
+"""preprocess/qwen_vl*.py against transformers' Qwen-VL processors, which AutoProcessor builds from the
+tiny checkpoints' configs (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): pixels, grids, token counts, seconds
+per grid and timestamps identical, for pictures of many sizes and aspect ratios (panoramas, below
+min_pixels, above max_pixels) under several min/max_pixels, and videos of odd and even lengths.
+transformers runs in one process with the reference torchvision (tests/helpers/reference_torchvision.py)."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.helpers.reference_torchvision import run_reference
+from vlserve.preprocess.errors import MediaError
+from vlserve.preprocess.qwen_vl import QwenVLProcessing
+from vlserve.preprocess.qwen_vl_video import QwenVLVideoProcessing, timestamp_text
+from vlserve.testing.tiny_qwen_vl import QWEN_ARCHS, TinyQwenVLSpec, make_tiny_qwen_vl, processor_configs
+
+MODEL_TYPES = {"qwen2-vl": "qwen2_vl", "qwen2.5-vl": "qwen2_5_vl", "qwen3-vl": "qwen3_vl"}
+# (height, width): odd sizes, both orientations, panoramas, below min_pixels, above max_pixels
+IMAGE_SIZES = [(50, 90), (90, 50), (129, 257), (37, 1000), (1000, 37), (5, 7), (20, 20), (1200, 1700)]
+# (min_pixels, max_pixels) per request; None: the checkpoint's own
+PIXEL_BOUNDS = [None, (28 * 28 * 16, 28 * 28 * 32), (56 * 56, 56 * 56), (100, 28 * 28 * 400)]
+# frames, height, width: one frame, a pair, odd and even counts, a tiny clip
+VIDEO_SHAPES = [(1, 40, 60), (2, 40, 60), (5, 50, 90), (8, 36, 100), (9, 120, 160), (4, 20, 20)]
+
+
+def picture(height, width, seed):
+    """Noise over a gradient: every resize path has detail to get wrong."""
+    rs = np.random.RandomState(seed)
+    ramp = np.linspace(0, 200, width)[None, :, None] + np.linspace(0, 55, height)[:, None, None]
+    return np.clip(ramp + rs.randint(-40, 40, (height, width, 3)), 0, 255).astype(np.uint8)
+
+
+def clip(frames, height, width, seed):
+    return np.stack([picture(height, width, seed * 100 + i) for i in range(frames)])
+
+
+def _size_kwargs(bounds):
+    return {} if bounds is None else {"size": {"shortest_edge": bounds[0], "longest_edge": bounds[1]}}
+
+
+def _cases(ckpts):
+    cases, inputs = [], {}
+    for arch, ckpt in ckpts.items():
+        for i, (h, w) in enumerate(IMAGE_SIZES):
+            inputs[f"image{i}"] = picture(h, w, i)
+            for bounds in PIXEL_BOUNDS if arch != "qwen2.5-vl" else [None]:  # 2.5's image processor is 2's
+                cases.append({"kind": "image", "arch": arch, "ckpt": ckpt, "array": f"image{i}", "bounds": bounds,
+                              "kwargs": _size_kwargs(bounds)})
+        for i, shape in enumerate(VIDEO_SHAPES):
+            inputs[f"video{i}"] = clip(*shape, seed=i)
+            for bounds, cap in ((None, False), ((28 * 28 * 8, 28 * 28 * 24), False), (None, True)):
+                kwargs = {**_size_kwargs(bounds), "cap_pixels_per_frame": cap}
+                cases.append({"kind": "video", "arch": arch, "ckpt": ckpt, "array": f"video{i}", "bounds": bounds,
+                              "cap": cap, "kwargs": kwargs})
+        # a 5-frame sample of a 30 fps, 15-frame clip; a 4-frame one at 10 fps
+        for array, metadata in (("video2", {"fps": 30.0, "total_num_frames": 15, "frames_indices": [0, 3, 7, 10, 14]}),
+                                ("video5", {"fps": 10.0, "total_num_frames": 4, "frames_indices": [0, 1, 2, 3]})):
+            cases.append({"kind": "chat", "arch": arch, "ckpt": ckpt, "array": array, "metadata": metadata})
+    inputs["panorama"] = picture(2, 500, 7)  # 250:1, past the 200:1 both refuse
+    cases.append({"kind": "image", "arch": "qwen2-vl", "ckpt": ckpts["qwen2-vl"], "array": "panorama",
+                  "bounds": None})
+    return cases, inputs
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """(cases, inputs, transformers' results by case)."""
+    root = tmp_path_factory.mktemp("qwen-processors")
+    ckpts = {arch: make_tiny_qwen_vl(str(root / arch), arch) for arch in QWEN_ARCHS}
+    cases, inputs = _cases(ckpts)
+    (root / "cases.json").write_text(json.dumps(cases))
+    np.savez(root / "inputs.npz", **inputs)
+    run_reference("qwen_vl_processor_reference.py", str(root / "cases.json"), str(root / "inputs.npz"),
+                  str(root / "out.npz"))
+    out = np.load(root / "out.npz")
+    results = [{k.split("/", 1)[1]: out[k] for k in out.files if k.split("/", 1)[0] == str(i)}
+               for i in range(len(cases))]
+    return cases, inputs, results, ckpts
+
+
+def _image_processing(arch, bounds):
+    config = processor_configs(QWEN_ARCHS[arch], TinyQwenVLSpec())["preprocessor_config.json"]
+    processing = QwenVLProcessing.from_hf_config(config)
+    return processing if bounds is None else processing.with_pixels(*bounds)
+
+
+def _video_processing(arch, bounds, cap=False):
+    files = processor_configs(QWEN_ARCHS[arch], TinyQwenVLSpec())
+    config = files.get("video_preprocessor_config.json", files["preprocessor_config.json"])
+    processing = QwenVLVideoProcessing.from_hf_config(MODEL_TYPES[arch], {**config, "cap_pixels_per_frame": cap})
+    return processing if bounds is None else processing.with_pixels(*bounds)
+
+
+def _frames(array):
+    return [Image.fromarray(frame) for frame in array]
+
+
+def test_pictures_identical_to_transformers(reference):
+    cases, inputs, results, _ = reference
+    checked = 0
+    for case, ref in zip(cases, results):
+        if case["kind"] != "image" or "error" in ref:
+            continue
+        assert str(ref["class"]) == "Qwen2VLImageProcessor"  # the torchvision backend AutoProcessor builds
+        processing = _image_processing(case["arch"], case["bounds"])
+        got = processing.process(Image.fromarray(inputs[case["array"]]))
+        where = f"{case['arch']} {inputs[case['array']].shape} bounds={case['bounds']}"
+        assert got.grid_thw == tuple(ref["grid"]), where
+        assert got.pixel_values.dtype == np.float32 and got.pixel_values.flags.c_contiguous
+        assert np.array_equal(got.pixel_values, ref["pixel_values"]), where
+        height, width = inputs[case["array"]].shape[:2]
+        assert got.num_tokens == processing.num_tokens(height, width) == int(np.prod(ref["grid"])) // 4, where
+        checked += 1
+    assert checked == 8 * 4 * 2 + 8
+
+
+def test_too_wide_a_picture_is_refused_by_both(reference):
+    cases, inputs, results, _ = reference
+    (ref,) = [r for c, r in zip(cases, results) if c["array"] == "panorama"]
+    assert "aspect ratio" in str(ref["error"])
+    with pytest.raises(MediaError, match="aspect ratio"):
+        _image_processing("qwen2-vl", None).process(Image.fromarray(inputs["panorama"]))
+
+
+def test_videos_identical_to_transformers(reference):
+    cases, inputs, results, _ = reference
+    checked = refused = 0
+    for case, ref in zip(cases, results):
+        if case["kind"] != "video":
+            continue
+        processing = _video_processing(case["arch"], case["bounds"], case["cap"])
+        frames = inputs[case["array"]]
+        where = f"{case['arch']} {frames.shape} bounds={case['bounds']} cap={case['cap']}"
+        if "error" in ref:  # Qwen3-VL refuses a one-frame video
+            assert case["arch"] == "qwen3-vl" and len(frames) == 1, (where, ref["error"])
+            with pytest.raises(MediaError, match="at least 2 frames"):
+                processing.process_video(_frames(frames))
+            refused += 1
+            continue
+        got = processing.process_video(_frames(frames))
+        assert got.grid_thw == tuple(ref["grid"]), where
+        assert got.grid_thw[0] == (len(frames) + 1) // 2  # pairs, an odd count padded
+        assert np.array_equal(got.pixel_values, ref["pixel_values"]), where
+        assert got.num_tokens == processing.num_tokens(*frames.shape[:3]) == int(np.prod(ref["grid"])) // 4
+        checked += 1
+    assert checked == 3 * 6 * 3 - 3 and refused == 3
+
+
+def test_seconds_per_grid_and_timestamps_identical_to_transformers(reference):
+    cases, inputs, results, ckpts = reference
+    from transformers import AutoTokenizer
+
+    for case, ref in zip(cases, results):
+        if case["kind"] != "chat":
+            continue
+        m = case["metadata"]
+        got = _video_processing(case["arch"], None).process_video(
+            _frames(inputs[case["array"]]), m["frames_indices"], m["fps"], m["total_num_frames"])
+        assert np.array_equal(got.pixel_values, ref["pixel_values"]) and got.grid_thw == tuple(ref["grid"])
+        tokenizer = AutoTokenizer.from_pretrained(ckpts[case["arch"]])
+        video_pad = tokenizer.convert_tokens_to_ids("<|video_pad|>")
+        assert list(ref["input_ids"]).count(video_pad) == got.num_tokens
+        if case["arch"] == "qwen2.5-vl":
+            assert [got.second_per_grid_t] == list(ref["seconds"])
+        else:
+            assert got.second_per_grid_t is None and len(ref["seconds"]) == 0
+        if case["arch"] == "qwen3-vl":
+            pad = "<|video_pad|>" * got.tokens_per_patch
+            expected = "".join(f"{timestamp_text(t)}<|vision_start|>{pad}<|vision_end|>" for t in got.timestamps)
+            assert expected in str(ref["expanded"])
+        else:
+            assert got.timestamps is None
+
+
+def test_request_bounds_are_checked():
+    processing = _image_processing("qwen2-vl", None)
+    with pytest.raises(MediaError, match="min_pixels"):
+        processing.with_pixels(min_pixels=5000, max_pixels=4000)
+    with pytest.raises(MediaError, match="max_pixels must be a positive integer"):
+        processing.with_pixels(max_pixels=-1)
+    assert processing.with_pixels(max_pixels=28 * 28 * 4).num_tokens(1000, 1000) == 4
+
+
+def test_picture_keys_cover_pixels_and_grid():
+    processing = _image_processing("qwen2-vl", None)
+    a = processing.process(Image.fromarray(picture(50, 90, 0)))
+    assert processing.process(Image.fromarray(picture(50, 90, 0))).content_hash == a.content_hash
+    assert processing.process(Image.fromarray(picture(50, 90, 1))).content_hash != a.content_hash
+    from vlserve.preprocess.qwen_vl_keys import image_key
+    t, h, w = a.grid_thw
+    assert image_key(a.pixel_values, (t, w, h)) != a.content_hash  # same patches, transposed grid
+
+
+def test_video_keys_go_per_frame_pair():
+    processing = _video_processing("qwen2-vl", None)
+    base = clip(12, 40, 60, seed=3)
+    other = np.concatenate([base[:8], clip(4, 40, 60, seed=4)])
+    a, b = processing.process_video(_frames(base)), processing.process_video(_frames(other))
+    # the same first 8 frames: the same 4 pairs' keys; then they part
+    assert a.patch_keys[:4] == b.patch_keys[:4] and a.patch_keys[4] != b.patch_keys[4]
+    # a clip extended by new frames keeps its old pairs' keys
+    grown = processing.process_video(_frames(np.concatenate([base, clip(2, 40, 60, seed=5)])))
+    assert grown.patch_keys[:6] == a.patch_keys
+    # a still picture never shares a pair's key, even where the pixels are the same
+    still = _image_processing("qwen2-vl", (processing.frames.min_pixels, processing.frames.max_pixels))
+    doubled = processing.process_video(_frames(np.stack([base[0], base[0]])))
+    picture_item = still.process(Image.fromarray(base[0]))
+    assert np.array_equal(picture_item.pixel_values, doubled.pixel_values)
+    assert picture_item.content_hash not in doubled.patch_keys
+
+
+def test_qwen2_5_video_keys_carry_seconds_per_pair():
+    processing = _video_processing("qwen2.5-vl", None)
+    frames = _frames(clip(4, 40, 60, seed=6))
+    slow = processing.process_video(frames, [0, 1, 2, 3], 2.0, 4)
+    fast = processing.process_video(frames, [0, 1, 2, 3], 8.0, 4)
+    assert slow.second_per_grid_t == 1.0 and fast.second_per_grid_t == 0.25
+    assert np.array_equal(slow.pixel_values, fast.pixel_values)
+    assert not set(slow.patch_keys) & set(fast.patch_keys)  # other temporal positions, other KV
