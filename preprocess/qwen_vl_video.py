@@ -1,6 +1,8 @@
 """Qwen-VL videos: sampled frames resized, paired and patched as transformers' Qwen2VLVideoProcessor
 (Qwen2-VL, Qwen2.5-VL) and Qwen3VLVideoProcessor do, pixel for pixel.
 
+- `sample_indices`: which frames of the source each model's processor samples (Qwen2-VL and
+  Qwen2.5-VL: none unless asked, every total/n-th; Qwen3-VL: 2 per second by default, spread evenly).
 - Every frame is resized to one size: Qwen2-VL and Qwen2.5-VL bound each frame by max_pixels;
   Qwen3-VL bounds all frames together (t * h * w), so a longer clip gets smaller frames.
   `cap_pixels_per_frame` (off unless the config sets it) applies either's reference per-frame cap.
@@ -12,7 +14,7 @@
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from .qwen_vl import (
     smart_resize,
 )
 from .qwen_vl_keys import video_patch_keys
+from .video import SampledVideo
 
 QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"  # transformers' model_type
 DEFAULT_FPS = 24  # what transformers assumes of a video whose fps is unknown
@@ -39,12 +42,13 @@ class _VideoDefaults:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     max_video_tokens: int
+    fps: float | None  # frames sampled per second when the request names neither num_frames nor fps
 
 
 # the video processor classes' defaults, for keys a saved config leaves out
 _DEFAULTS = {
-    QWEN2_VL: _VideoDefaults(128 * 28 * 28, 28 * 28 * 768, 14, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, 128000),
-    QWEN3_VL: _VideoDefaults(128 * 32 * 32, 32 * 32 * 768, 16, IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, 768),
+    QWEN2_VL: _VideoDefaults(128 * 28 * 28, 28 * 28 * 768, 14, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, 128000, None),
+    QWEN3_VL: _VideoDefaults(128 * 32 * 32, 32 * 32 * 768, 16, IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, 768, 2),
 }
 
 
@@ -80,6 +84,9 @@ class QwenVLVideoProcessing:
     frames: QwenVLProcessing  # patching and normalisation; its min/max_pixels bound the video
     cap_pixels_per_frame: bool = False
     max_video_tokens: int = 128000
+    fps: float | None = None  # the processor's own sampling rate (Qwen3-VL: 2)
+    min_frames: int = 4
+    max_frames: int = 768
 
     @classmethod
     def from_hf_config(cls, model_type: str, config: dict[str, Any]) -> "QwenVLVideoProcessing":
@@ -91,12 +98,25 @@ class QwenVLVideoProcessing:
         min_pixels, max_pixels = pixel_bounds(config, d.min_pixels, d.max_pixels)
         frames = QwenVLProcessing.from_hf_config({"patch_size": d.patch_size, "image_mean": d.mean, "image_std": d.std,
                                                   **config, "min_pixels": min_pixels, "max_pixels": max_pixels})
+        fps = config.get("fps", d.fps)
         return cls(model_type, frames, bool(config.get("cap_pixels_per_frame") or False),
-                   int(config.get("max_video_tokens", d.max_video_tokens)))
+                   int(config.get("max_video_tokens", d.max_video_tokens)), None if fps is None else float(fps),
+                   int(config.get("min_frames", 4)), int(config.get("max_frames", 768)))
 
     def with_pixels(self, min_pixels: int | None = None, max_pixels: int | None = None) -> "QwenVLVideoProcessing":
-        return QwenVLVideoProcessing(self.model_type, self.frames.with_pixels(min_pixels, max_pixels),
-                                     self.cap_pixels_per_frame, self.max_video_tokens)
+        return replace(self, frames=self.frames.with_pixels(min_pixels, max_pixels))
+
+    def sample_indices(self, total_frames: int, source_fps: float | None, num_frames: int | None = None,
+                       fps: float | None = None) -> list[int]:
+        """The source frames this model's video processor samples (its sample_frames) for a request's
+        num_frames or fps, else for its own fps (Qwen3-VL: 2 a second; Qwen2-VL: every frame)."""
+        if num_frames is not None and fps is not None:
+            raise MediaError(f"give either num_frames or fps, not both (num_frames={num_frames}, fps={fps})")
+        if total_frames < 1:
+            raise MediaError("video has no frames")
+        if self.model_type == QWEN3_VL:
+            return _qwen3_indices(self, total_frames, source_fps, num_frames, fps)
+        return _qwen2_indices(self, total_frames, source_fps, num_frames, fps)
 
     def output_size(self, num_frames: int, height: int, width: int) -> tuple[int, int]:
         """(height, width) of every frame of a video of num_frames sampled frames."""
@@ -155,6 +175,47 @@ class QwenVLVideoProcessing:
                   if self.model_type == QWEN3_VL else None)
         return QwenVLVideo(patches, grid, tuple(video_patch_keys(patches, grid, seconds)),
                            grid[1] * grid[2] // f.merge_size ** 2, seconds, stamps)
+
+
+def _qwen2_indices(p: QwenVLVideoProcessing, total: int, source_fps: float | None, num_frames: int | None,
+                   fps: float | None) -> list[int]:
+    """Qwen2VLVideoProcessor.sample_frames: a multiple of temporal_patch_size frames, every total/n-th."""
+    tp = p.frames.temporal_patch_size
+    fps = fps if fps is not None or num_frames is not None else p.fps
+    if num_frames is not None:
+        num_frames = round(num_frames / tp) * tp
+    elif fps is not None:
+        if source_fps is None:
+            raise MediaError("sampling by fps needs the video's frame rate, which it does not report")
+        most = math.floor(min(p.max_frames, total) / tp) * tp
+        num_frames = math.floor(min(max(total / source_fps * fps, p.min_frames), most, total) / tp) * tp
+    if num_frames is None:
+        return list(range(total))
+    if not 0 < num_frames <= total:
+        raise MediaError(f"cannot sample {num_frames} frames (in pairs) from a video of {total} frames")
+    return torch.arange(0, total, total / num_frames).int().tolist()
+
+
+def _qwen3_indices(p: QwenVLVideoProcessing, total: int, source_fps: float | None, num_frames: int | None,
+                   fps: float | None) -> list[int]:
+    """Qwen3VLVideoProcessor.sample_frames: n frames spread evenly over [0, total-1], n from the fps
+    (at least min_frames, at most max_frames and the video's length) unless given."""
+    fps = fps if fps is not None else p.fps
+    if num_frames is None and fps is not None:
+        per_second = source_fps or DEFAULT_FPS
+        num_frames = min(max(int(total / per_second * fps), p.min_frames), p.max_frames, total)
+    if num_frames is None:
+        num_frames = min(max(total, p.min_frames), p.max_frames)
+    if num_frames < 1:
+        raise MediaError(f"num_frames must be a positive integer, got {num_frames}")
+    return np.linspace(0, total - 1, num_frames).round().astype(int).tolist()
+
+
+def process_sampled_video(processing: QwenVLVideoProcessing, video: SampledVideo) -> QwenVLVideo:
+    """A video read by video.read_video (its frames and where they came from)."""
+    info = video.info
+    return processing.process_video(video.frames, list(info.frame_indices) or None, info.source_fps,
+                                    info.total_frames)
 
 
 def sampled_fps(num_sampled: int, source_fps: float | None, total_frames: int | None) -> float:

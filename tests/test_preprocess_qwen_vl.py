@@ -58,6 +58,13 @@ def _cases(ckpts):
         for array, metadata in (("video2", {"fps": 30.0, "total_num_frames": 15, "frames_indices": [0, 3, 7, 10, 14]}),
                                 ("video5", {"fps": 10.0, "total_num_frames": 4, "frames_indices": [0, 1, 2, 3]})):
             cases.append({"kind": "chat", "arch": arch, "ckpt": ckpt, "array": array, "metadata": metadata})
+        for total, source_fps in ((15, 30.0), (100, 24.0), (301, 7.5)):
+            for num_frames, fps in ((None, None), (8, None), (7, None), (None, 1.0), (None, 2.5), (None, 0.1)):
+                if (num_frames is not None and num_frames > total) or (arch != "qwen3-vl" and num_frames == fps):
+                    continue  # Qwen2's sample_frames needs one of them (its processor samples nothing by default)
+                cases.append({"kind": "sample", "arch": arch, "ckpt": ckpt,
+                              "metadata": {"total_num_frames": total, "fps": source_fps},
+                              "kwargs": {"num_frames": num_frames, "fps": fps}})
     inputs["panorama"] = picture(2, 500, 7)  # 250:1, past the 200:1 both refuse
     cases.append({"kind": "image", "arch": "qwen2-vl", "ckpt": ckpts["qwen2-vl"], "array": "panorama",
                   "bounds": None})
@@ -118,7 +125,7 @@ def test_pictures_identical_to_transformers(reference):
 
 def test_too_wide_a_picture_is_refused_by_both(reference):
     cases, inputs, results, _ = reference
-    (ref,) = [r for c, r in zip(cases, results) if c["array"] == "panorama"]
+    (ref,) = [r for c, r in zip(cases, results) if c.get("array") == "panorama"]
     assert "aspect ratio" in str(ref["error"])
     with pytest.raises(MediaError, match="aspect ratio"):
         _image_processing("qwen2-vl", None).process(Image.fromarray(inputs["panorama"]))
@@ -174,6 +181,26 @@ def test_seconds_per_grid_and_timestamps_identical_to_transformers(reference):
             assert got.timestamps is None
 
 
+def test_frame_sampling_identical_to_transformers(reference):
+    cases, _, results, _ = reference
+    compared = 0
+    for case, ref in zip(cases, results):
+        if case["kind"] != "sample":
+            continue
+        m, kwargs = case["metadata"], case["kwargs"]
+        processing = _video_processing(case["arch"], None)
+        if "error" in ref:
+            with pytest.raises(MediaError):
+                processing.sample_indices(m["total_num_frames"], m["fps"], **kwargs)
+            continue
+        got = processing.sample_indices(m["total_num_frames"], m["fps"], **kwargs)
+        assert got == ref["indices"].tolist(), (case["arch"], m, kwargs)
+        compared += 1
+    assert compared >= 3 * 15
+    # Qwen2-VL and Qwen2.5-VL sample nothing unless asked: every frame, as do_sample_frames=False
+    assert _video_processing("qwen2-vl", None).sample_indices(15, 30.0) == list(range(15))
+
+
 def test_request_bounds_are_checked():
     processing = _image_processing("qwen2-vl", None)
     with pytest.raises(MediaError, match="min_pixels"):
@@ -219,3 +246,18 @@ def test_qwen2_5_video_keys_carry_seconds_per_pair():
     assert slow.second_per_grid_t == 1.0 and fast.second_per_grid_t == 0.25
     assert np.array_equal(slow.pixel_values, fast.pixel_values)
     assert not set(slow.patch_keys) & set(fast.patch_keys)  # other temporal positions, other KV
+
+
+def test_a_decoded_video_carries_its_times_into_the_processing():
+    """read_video's frames and VideoInfo: Qwen3-VL's pair timestamps and Qwen2.5-VL's seconds per pair
+    come from the frames' indices in the 10 fps source."""
+    from tests.test_preprocess_video import encode_video, gray_frames
+    from vlserve.preprocess import read_video
+    from vlserve.preprocess.qwen_vl_video import process_sampled_video
+
+    sampled = read_video(encode_video(gray_frames(12)), num_frames=4)  # frames 0, 4, 7, 11
+    qwen3 = process_sampled_video(_video_processing("qwen3-vl", None), sampled)
+    assert qwen3.timestamps == pytest.approx([0.2, 0.9])  # (0 + 0.4) / 2, (0.7 + 1.1) / 2
+    qwen2_5 = process_sampled_video(_video_processing("qwen2.5-vl", None), sampled)
+    assert qwen2_5.second_per_grid_t == pytest.approx(2 / (4 / 12 * 10))
+    assert qwen2_5.grid_thw[0] == 2

@@ -5,6 +5,7 @@ folder (its processor configs), an input array of INPUTS.npz (a picture [H, W, 3
 [T, H, W, 3], uint8) and the call's keyword arguments:
 - "image": AutoImageProcessor → pixel_values, image_grid_thw
 - "video": AutoVideoProcessor (frames given, not sampled) → pixel_values_videos, video_grid_thw
+- "sample": the video processor's sample_frames for a video's metadata → the frame indices
 - "chat": AutoProcessor on a chat prompt with the one video → second_per_grid_ts and the expanded text
 A case transformers refuses records the error's message. Run with the reference torchvision on the
 path (tests/helpers/reference_torchvision.run_reference).
@@ -39,6 +40,10 @@ def run(case, array) -> dict:
         out = _load(AutoImageProcessor, case["ckpt"])(Image.fromarray(array), return_tensors="np", **kwargs)
         return {"pixel_values": out["pixel_values"], "grid": out["image_grid_thw"][0],
                 "class": type(_load(AutoImageProcessor, case["ckpt"])).__name__}
+    if case["kind"] == "sample":
+        m = case["metadata"]
+        metadata = VideoMetadata(total_num_frames=m["total_num_frames"], fps=m["fps"])
+        return {"indices": np.asarray(_load(AutoVideoProcessor, case["ckpt"]).sample_frames(metadata, **kwargs))}
     if case["kind"] == "video":
         processor = _load(AutoVideoProcessor, case["ckpt"])
         out = processor([array], do_sample_frames=False, video_metadata=[_metadata(case, array)],
@@ -62,7 +67,7 @@ def main(cases_path: str, inputs_path: str, out_path: str) -> None:
     results = {}
     for i, case in enumerate(cases):
         try:
-            got = run(case, inputs[case["array"]])
+            got = run(case, inputs[case["array"]] if "array" in case else None)
         except ValueError as e:
             got = {"error": str(e)}
         for key, value in got.items():
