@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers.reference_torchvision import run_reference
+from helpers.reference_torchvision import run_reference
 from vlserve.preprocess.errors import MediaError
 from vlserve.preprocess.qwen_vl import QwenVLProcessing
 from vlserve.preprocess.qwen_vl_video import QwenVLVideoProcessing, timestamp_text
 from vlserve.testing.tiny_qwen_vl import QWEN_ARCHS, TinyQwenVLSpec, make_tiny_qwen_vl, processor_configs
 
+# the tests comparing with transformers share one reference run: about 15 s on two cores
+shares_reference_run = pytest.mark.slow
 MODEL_TYPES = {"qwen2-vl": "qwen2_vl", "qwen2.5-vl": "qwen2_5_vl", "qwen3-vl": "qwen3_vl"}
 # (height, width): odd sizes, both orientations, panoramas, below min_pixels, above max_pixels
 IMAGE_SIZES = [(50, 90), (90, 50), (129, 257), (37, 1000), (1000, 37), (5, 7), (20, 20), (1200, 1700)]
@@ -104,6 +106,7 @@ def _frames(array):
     return [Image.fromarray(frame) for frame in array]
 
 
+@shares_reference_run
 def test_pictures_identical_to_transformers(reference):
     cases, inputs, results, _ = reference
     checked = 0
@@ -123,6 +126,7 @@ def test_pictures_identical_to_transformers(reference):
     assert checked == 8 * 4 * 2 + 8
 
 
+@shares_reference_run
 def test_too_wide_a_picture_is_refused_by_both(reference):
     cases, inputs, results, _ = reference
     (ref,) = [r for c, r in zip(cases, results) if c.get("array") == "panorama"]
@@ -131,6 +135,7 @@ def test_too_wide_a_picture_is_refused_by_both(reference):
         _image_processing("qwen2-vl", None).process(Image.fromarray(inputs["panorama"]))
 
 
+@shares_reference_run
 def test_videos_identical_to_transformers(reference):
     cases, inputs, results, _ = reference
     checked = refused = 0
@@ -155,6 +160,7 @@ def test_videos_identical_to_transformers(reference):
     assert checked == 3 * 6 * 3 - 3 and refused == 3
 
 
+@shares_reference_run
 def test_seconds_per_grid_and_timestamps_identical_to_transformers(reference):
     cases, inputs, results, ckpts = reference
     from transformers import AutoTokenizer
@@ -181,6 +187,7 @@ def test_seconds_per_grid_and_timestamps_identical_to_transformers(reference):
             assert got.timestamps is None
 
 
+@shares_reference_run
 def test_frame_sampling_identical_to_transformers(reference):
     cases, _, results, _ = reference
     compared = 0
@@ -251,7 +258,7 @@ def test_qwen2_5_video_keys_carry_seconds_per_pair():
 def test_a_decoded_video_carries_its_times_into_the_processing():
     """read_video's frames and VideoInfo: Qwen3-VL's pair timestamps and Qwen2.5-VL's seconds per pair
     come from the frames' indices in the 10 fps source."""
-    from tests.test_preprocess_video import encode_video, gray_frames
+    from test_preprocess_video import encode_video, gray_frames
     from vlserve.preprocess import read_video
     from vlserve.preprocess.qwen_vl_video import process_sampled_video
 

@@ -9,9 +9,11 @@ import sys
 import pytest
 from safetensors import safe_open
 
-from tests.helpers.reference_torchvision import run_reference
+from helpers.reference_torchvision import run_reference
 from vlserve.testing.tiny_qwen_vl import QWEN_SPECIAL_TOKENS, make_tiny_qwen_vl
 
+# the tests of the written checkpoints share their writing and one reference run: about 30 s on two cores
+shares_checkpoints = pytest.mark.slow
 ARCHES = {  # --arch -> (architecture, model_type, processor, patch_size)
     "qwen2-vl": ("Qwen2VLForConditionalGeneration", "qwen2_vl", "Qwen2VLProcessor", 14),
     "qwen2.5-vl": ("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", "Qwen2_5_VLProcessor", 14),
@@ -23,19 +25,21 @@ ARCHES = {  # --arch -> (architecture, model_type, processor, patch_size)
 def checkpoints(tmp_path_factory):
     """{(arch, layout): (dir, what transformers saw)}: the CLI writes transformers' layout, the
     function the published one; one reference process loads and runs all six."""
-    dirs = {}
+    dirs = {(arch, "transformers"): str(tmp_path_factory.mktemp(arch)) for arch in ARCHES}
+    writers = [subprocess.Popen([sys.executable, "-m", "vlserve", "make-tiny-model", dirs[arch, "transformers"],
+                                 "--arch", arch], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for arch in ARCHES]  # the three at once
     for arch in ARCHES:
-        out = tmp_path_factory.mktemp(arch)
-        run = subprocess.run([sys.executable, "-m", "vlserve", "make-tiny-model", str(out), "--arch", arch],
-                             capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-2000:]
-        dirs[arch, "transformers"] = str(out)
         dirs[arch, "published"] = make_tiny_qwen_vl(str(tmp_path_factory.mktemp(arch + "-hub")), arch,
                                                     layout="published")
+    for writer in writers:
+        _, err = writer.communicate(timeout=300)
+        assert writer.returncode == 0, err[-2000:]
     seen = json.loads(run_reference("qwen_vl_tiny_forward.py", *dirs.values()))
     return {key: (d, seen[d]) for key, d in dirs.items()}
 
 
+@shares_checkpoints
 @pytest.mark.parametrize("arch", sorted(ARCHES))
 def test_transformers_loads_and_runs_what_the_cli_writes(checkpoints, arch):
     ckpt, seen = checkpoints[arch, "transformers"]
@@ -64,6 +68,7 @@ def test_transformers_loads_and_runs_what_the_cli_writes(checkpoints, arch):
     assert all(abs(v) < 1e3 for v in seen["last_logits"])
 
 
+@shares_checkpoints
 def test_qwen3_vl_writes_timestamps_and_its_video_processor(checkpoints):
     ckpt, seen = checkpoints["qwen3-vl", "transformers"]
     assert seen["video_processor"] == "Qwen3VLVideoProcessor"
@@ -72,11 +77,13 @@ def test_qwen3_vl_writes_timestamps_and_its_video_processor(checkpoints):
     assert all(f"<{t} seconds><|vision_start|>" in seen["expanded"] for t in ("0.1", "0.2", "0.4"))
 
 
+@shares_checkpoints
 def test_qwen2_5_vl_gives_seconds_per_grid(checkpoints):
     _, seen = checkpoints["qwen2.5-vl", "transformers"]
     assert seen["second_per_grid_ts"] == [pytest.approx(0.2)]  # 2 frames a patch at 10 sampled fps
 
 
+@shares_checkpoints
 @pytest.mark.parametrize("arch", sorted(ARCHES))
 def test_published_layout_is_the_same_model(checkpoints, arch):
     ckpt, seen = checkpoints[arch, "published"]
