@@ -7,9 +7,10 @@ as transformers' Qwen2VLImageProcessor (its torchvision backend, the one AutoPro
   image, which is what torchvision's resize runs on a CPU uint8 tensor (PIL's bicubic differs by
   one level on about 0.5% of pixels).
 - Rescale and normalise fused as transformers fuses them: (x - mean*255) / (std*255) in float32.
-- Patches flattened into transformers' `pixel_values` layout, [grid_h*grid_w, C*T*p*p] in 2x2 merge
-  groups, the picture repeated over the temporal patch, with `image_grid_thw` = (1, grid_h, grid_w);
-  the decoder sees grid_h*grid_w / merge² tokens.
+- Patches flattened into transformers' `pixel_values` rows, C*T*p*p each, in 2x2 merge groups, the
+  picture repeated over the temporal patch. A picture's rows are kept as [1, grid_h, grid_w, C*T*p*p]
+  (`.reshape(-1, D)` gives transformers' rows): the shape is `image_grid_thw`, so the content hash
+  covers the grid. The decoder sees grid_h*grid_w / merge² tokens.
 
 Videos (frame pairs, timestamps) are in qwen_vl_video.py, radix keys in qwen_vl_keys.py.
 """
@@ -76,15 +77,30 @@ def patchify(frames: torch.Tensor, patch_size: int, merge_size: int, temporal_pa
     return patches.reshape(grid_t * grid_h * grid_w, channels * temporal_patch_size * patch_size * patch_size)
 
 
+def patch_grid(rows: torch.Tensor, grid_thw: tuple[int, int, int]) -> np.ndarray:
+    """transformers' rows [t*h*w, D] as float32 C-contiguous [t, h, w, D]."""
+    return np.ascontiguousarray(rows.reshape(*grid_thw, rows.shape[-1]).numpy(), dtype=np.float32)
+
+
 @dataclass(frozen=True)
 class QwenVLImage:
-    """One picture ready for the tower; duck-compatible with ProcessedImage (pixel_values, content_hash, role)."""
-    pixel_values: np.ndarray  # float32 [grid_h*grid_w, C*T*p*p], C-contiguous
-    grid_thw: tuple[int, int, int]  # (1, grid_h, grid_w) in patches
-    content_hash: bytes  # its radix key: pixels and grid (qwen_vl_keys.image_key)
+    """A picture, or one temporal patch (frame pair) of a video, ready for the tower: a ProcessedImage
+    (pixel_values, content_hash, image_size, role) whose pixels' shape is its grid."""
+    pixel_values: np.ndarray  # float32 [1, grid_h, grid_w, C*T*p*p], C-contiguous, in transformers' row order
+    content_hash: bytes  # its radix key (qwen_vl_keys): pixels, grid, role
     image_size: tuple[int, int]  # (height, width) before processing
     num_tokens: int  # grid_h*grid_w / merge²: the decoder's positions for it
-    role: str = "image"
+    role: str = "image"  # or VIDEO_PATCH
+
+    @property
+    def grid_thw(self) -> tuple[int, int, int]:
+        t, h, w, _ = self.pixel_values.shape
+        return t, h, w
+
+    @property
+    def rows(self) -> np.ndarray:
+        """transformers' pixel_values rows, [grid_h*grid_w, C*T*p*p]."""
+        return self.pixel_values.reshape(-1, self.pixel_values.shape[-1])
 
 
 @dataclass(frozen=True)
@@ -172,11 +188,13 @@ class QwenVLProcessing:
         frames = self.normalize(resize_uint8(pixels, new_h, new_w))
         # a picture fills every temporal slot of its one temporal patch
         frames = frames.expand(self.temporal_patch_size, -1, -1, -1)
-        patches = patchify(frames, self.patch_size, self.merge_size, self.temporal_patch_size)
-        values = np.ascontiguousarray(patches.numpy(), dtype=np.float32)
-        grid = (1, new_h // self.patch_size, new_w // self.patch_size)
-        return QwenVLImage(values, grid, image_key(values, grid), (int(height), int(width)),
-                           grid[1] * grid[2] // self.merge_size ** 2)
+        values = patch_grid(patchify(frames, self.patch_size, self.merge_size, self.temporal_patch_size),
+                            (1, new_h // self.patch_size, new_w // self.patch_size))
+        return QwenVLImage(values, image_key(values), (int(height), int(width)), self.tokens_for(values))
+
+    def tokens_for(self, pixel_values: np.ndarray) -> int:
+        t, h, w, _ = pixel_values.shape
+        return t * h * w // self.merge_size ** 2
 
     def for_image_count(self, n: int) -> "QwenVLProcessing":
         return self

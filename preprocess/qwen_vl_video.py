@@ -24,10 +24,10 @@ from PIL import Image
 from .errors import MediaError
 from .processing import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from .qwen_vl import (
-    MAX_ASPECT_RATIO, QwenVLProcessing, as_uint8_tensor, check_pixel_bounds, patchify, pixel_bounds, resize_uint8,
-    smart_resize,
+    MAX_ASPECT_RATIO, QwenVLImage, QwenVLProcessing, as_uint8_tensor, check_pixel_bounds, patch_grid, patchify,
+    pixel_bounds, resize_uint8, smart_resize,
 )
-from .qwen_vl_keys import video_patch_keys
+from .qwen_vl_keys import VIDEO_PATCH, video_patch_key
 from .video import SampledVideo
 
 QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"  # transformers' model_type
@@ -54,23 +54,34 @@ _DEFAULTS = {
 
 @dataclass(frozen=True)
 class QwenVLVideo:
-    """One video ready for the tower."""
-    pixel_values: np.ndarray  # float32 [t*grid_h*grid_w, C*T*p*p], pair by pair
-    grid_thw: tuple[int, int, int]  # (pairs, grid_h, grid_w)
-    patch_keys: tuple[bytes, ...]  # one radix key per pair (qwen_vl_keys.video_patch_keys)
-    tokens_per_patch: int  # grid_h*grid_w / merge²
+    """One video ready for the tower: its temporal patches (frame pairs), each a QwenVLImage of role
+    VIDEO_PATCH with its own radix key, which the tower embeds on its own."""
+    patches: tuple[QwenVLImage, ...]
     second_per_grid_t: float | None  # Qwen2.5-VL: seconds per pair; None elsewhere
     timestamps: tuple[float, ...] | None  # Qwen3-VL: each pair's time in seconds; None elsewhere
-    role: str = "video"
+
+    @property
+    def grid_thw(self) -> tuple[int, int, int]:
+        """transformers' video_grid_thw: (pairs, grid_h, grid_w)."""
+        _, h, w = self.patches[0].grid_thw
+        return len(self.patches), h, w
+
+    @property
+    def pixel_values(self) -> np.ndarray:
+        """transformers' pixel_values_videos rows, [pairs*grid_h*grid_w, C*T*p*p]."""
+        return np.concatenate([p.rows for p in self.patches])
+
+    @property
+    def patch_keys(self) -> tuple[bytes, ...]:
+        return tuple(p.content_hash for p in self.patches)
+
+    @property
+    def tokens_per_patch(self) -> int:
+        return self.patches[0].num_tokens
 
     @property
     def num_tokens(self) -> int:
-        return self.grid_thw[0] * self.tokens_per_patch
-
-    @property
-    def content_hash(self) -> bytes:
-        """The last pair's key stands for the whole video (keys of a prefix never equal the whole's)."""
-        return self.patch_keys[-1]
+        return sum(p.num_tokens for p in self.patches)
 
 
 def timestamp_text(seconds: float) -> str:
@@ -164,8 +175,8 @@ class QwenVLVideoProcessing:
         normalized = f.normalize(resize_uint8(pixels, new_h, new_w))
         if pad := -len(frames) % f.temporal_patch_size:  # an odd count repeats its last frame
             normalized = torch.cat([normalized, normalized[-1:].expand(pad, -1, -1, -1)])
-        patches = np.ascontiguousarray(patchify(normalized, f.patch_size, f.merge_size, f.temporal_patch_size).numpy())
         grid = (normalized.shape[0] // f.temporal_patch_size, new_h // f.patch_size, new_w // f.patch_size)
+        pairs = patch_grid(patchify(normalized, f.patch_size, f.merge_size, f.temporal_patch_size), grid)
         indices = list(range(len(frames))) if frame_indices is None else list(frame_indices)
         if len(indices) != len(frames):
             raise ValueError(f"{len(frames)} frames but {len(indices)} frame indices")
@@ -173,8 +184,10 @@ class QwenVLVideoProcessing:
                    if self.model_type == QWEN2_5_VL else None)
         stamps = (tuple(pair_timestamps(indices, source_fps, f.temporal_patch_size))
                   if self.model_type == QWEN3_VL else None)
-        return QwenVLVideo(patches, grid, tuple(video_patch_keys(patches, grid, seconds)),
-                           grid[1] * grid[2] // f.merge_size ** 2, seconds, stamps)
+        size = (int(height), int(width))
+        patches = tuple(QwenVLImage(pair[None], video_patch_key(pair[None], seconds), size, f.tokens_for(pair[None]),
+                                    VIDEO_PATCH) for pair in pairs)
+        return QwenVLVideo(patches, seconds, stamps)
 
 
 def _qwen2_indices(p: QwenVLVideoProcessing, total: int, source_fps: float | None, num_frames: int | None,

@@ -119,7 +119,8 @@ def test_pictures_identical_to_transformers(reference):
         where = f"{case['arch']} {inputs[case['array']].shape} bounds={case['bounds']}"
         assert got.grid_thw == tuple(ref["grid"]), where
         assert got.pixel_values.dtype == np.float32 and got.pixel_values.flags.c_contiguous
-        assert np.array_equal(got.pixel_values, ref["pixel_values"]), where
+        assert got.pixel_values.shape[:3] == got.grid_thw  # the shape is the grid
+        assert np.array_equal(got.rows, ref["pixel_values"]), where
         height, width = inputs[case["array"]].shape[:2]
         assert got.num_tokens == processing.num_tokens(height, width) == int(np.prod(ref["grid"])) // 4, where
         checked += 1
@@ -224,7 +225,7 @@ def test_picture_keys_cover_pixels_and_grid():
     assert processing.process(Image.fromarray(picture(50, 90, 1))).content_hash != a.content_hash
     from vlserve.preprocess.qwen_vl_keys import image_key
     t, h, w = a.grid_thw
-    assert image_key(a.pixel_values, (t, w, h)) != a.content_hash  # same patches, transposed grid
+    assert image_key(a.pixel_values.reshape(t, w, h, -1)) != a.content_hash  # same patches, transposed grid
 
 
 def test_video_keys_go_per_frame_pair():
@@ -241,8 +242,9 @@ def test_video_keys_go_per_frame_pair():
     still = _image_processing("qwen2-vl", (processing.frames.min_pixels, processing.frames.max_pixels))
     doubled = processing.process_video(_frames(np.stack([base[0], base[0]])))
     picture_item = still.process(Image.fromarray(base[0]))
-    assert np.array_equal(picture_item.pixel_values, doubled.pixel_values)
+    assert np.array_equal(picture_item.pixel_values, doubled.patches[0].pixel_values)
     assert picture_item.content_hash not in doubled.patch_keys
+    assert {p.role for p in doubled.patches} == {"video_patch"} and picture_item.role == "image"
 
 
 def test_qwen2_5_video_keys_carry_seconds_per_pair():
