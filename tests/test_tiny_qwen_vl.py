@@ -66,6 +66,12 @@ def test_transformers_loads_and_runs_what_the_cli_writes(checkpoints, arch):
     assert vt == 3  # 5 frames padded to 6, in pairs
     assert seen["input_ids"].count(ids["<|video_pad|>"]) == vt * vh * vw // 4
     assert all(abs(v) < 1e3 for v in seen["last_logits"])
+    # norms and biases moved off one and zero, so a parity test sees one left out
+    with safe_open(f"{ckpt}/model.safetensors", "pt") as f:
+        norms = [f.get_tensor(n) for n in f.keys() if "norm" in n and n.endswith("weight")]
+        biases = [f.get_tensor(n) for n in f.keys() if n.endswith("bias")]
+    assert norms and all(not bool((t == 1).all()) for t in norms)
+    assert all(not bool((t == 0).all()) for t in biases)
 
 
 @shares_checkpoints

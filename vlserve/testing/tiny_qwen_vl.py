@@ -219,6 +219,7 @@ def make_tiny_qwen_vl(out_dir: str, arch: str = "qwen2-vl", seed: int = 0, spec:
     tokenizer = train_qwen_tokenizer(spec)
     torch.manual_seed(seed)
     model = getattr(transformers, qwen.architecture)(build_qwen_vl_config(qwen, spec, tokenizer))
+    perturb_norms_and_biases(model)
     model.to(getattr(torch, spec.dtype)).save_pretrained(out_dir)
     tokenizer.chat_template = qwen.chat_template
     tokenizer.save_pretrained(out_dir)
@@ -228,6 +229,17 @@ def make_tiny_qwen_vl(out_dir: str, arch: str = "qwen2-vl", seed: int = 0, spec:
 
         rewrite_to_published_layout(out_dir, flat=qwen is not QWEN3_VL)
     return out_dir
+
+
+def perturb_norms_and_biases(model, scale: float = 0.1) -> None:
+    """Random init leaves norm weights at one and biases at zero, where a parity test could not tell
+    a norm or bias left out: move them off those values (from torch's seeded generator)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_q" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * scale)
 
 
 def _write_json(path: str, data: dict) -> None:
