@@ -153,6 +153,11 @@ class QwenVLProcessing:
         return replace(self, min_pixels=self.min_pixels if min_pixels is None else min_pixels,
                        max_pixels=self.max_pixels if max_pixels is None else max_pixels)
 
+    def with_processor_kwargs(self, kwargs: dict[str, Any]) -> "QwenVLProcessing":
+        """With a request's mm_processor_kwargs: min_pixels / max_pixels, or transformers' `size`
+        {shortest_edge, longest_edge}; any other key is refused by name."""
+        return self.with_pixels(*request_pixel_bounds(kwargs))
+
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         if not self.do_resize:
             return height, width
@@ -203,6 +208,21 @@ class QwenVLProcessing:
         if height % self.factor or width % self.factor:
             raise MediaError(f"with do_resize off a picture's sides must be multiples of {self.factor}; "
                              f"got {width}x{height}")
+
+
+PIXEL_KWARGS = ("min_pixels", "max_pixels", "size")
+
+
+def request_pixel_bounds(kwargs: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(min_pixels, max_pixels) a request's mm_processor_kwargs ask for (None: the checkpoint's)."""
+    unknown = sorted(set(kwargs) - set(PIXEL_KWARGS))
+    if unknown:
+        raise MediaError(f"mm_processor_kwargs {unknown} are not taken by this model's processor; "
+                         f"it takes {list(PIXEL_KWARGS)}")
+    size = kwargs.get("size") or {}
+    if not isinstance(size, dict) or set(size) - {"shortest_edge", "longest_edge"}:
+        raise MediaError(f"size must be {{'shortest_edge': N, 'longest_edge': N}}, got {size!r}")
+    return (kwargs.get("min_pixels", size.get("shortest_edge")), kwargs.get("max_pixels", size.get("longest_edge")))
 
 
 def pixel_bounds(config: dict[str, Any], default_min: int, default_max: int) -> tuple[int, int]:

@@ -117,6 +117,10 @@ class QwenVLVideoProcessing:
     def with_pixels(self, min_pixels: int | None = None, max_pixels: int | None = None) -> "QwenVLVideoProcessing":
         return replace(self, frames=self.frames.with_pixels(min_pixels, max_pixels))
 
+    def with_processor_kwargs(self, kwargs: dict[str, Any]) -> "QwenVLVideoProcessing":
+        """With a request's mm_processor_kwargs (min_pixels / max_pixels / size), as for pictures."""
+        return replace(self, frames=self.frames.with_processor_kwargs(kwargs))
+
     def sample_indices(self, total_frames: int, source_fps: float | None, num_frames: int | None = None,
                        fps: float | None = None) -> list[int]:
         """The source frames this model's video processor samples (its sample_frames) for a request's

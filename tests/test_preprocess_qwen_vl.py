@@ -216,6 +216,15 @@ def test_request_bounds_are_checked():
     with pytest.raises(MediaError, match="max_pixels must be a positive integer"):
         processing.with_pixels(max_pixels=-1)
     assert processing.with_pixels(max_pixels=28 * 28 * 4).num_tokens(1000, 1000) == 4
+    # mm_processor_kwargs: the names vLLM and transformers take
+    assert processing.with_processor_kwargs({"max_pixels": 28 * 28 * 4}).max_pixels == 28 * 28 * 4
+    assert processing.with_processor_kwargs({"size": {"shortest_edge": 100, "longest_edge": 9000}}).min_pixels == 100
+    with pytest.raises(MediaError, match=r"\['fps_typo'\] are not taken"):
+        processing.with_processor_kwargs({"fps_typo": 2})
+    with pytest.raises(MediaError, match="size must be"):
+        processing.with_processor_kwargs({"size": {"height": 10}})
+    video = _video_processing("qwen3-vl", None).with_processor_kwargs({"min_pixels": 32 * 32 * 2})
+    assert video.frames.min_pixels == 32 * 32 * 2 and video.model_type == "qwen3_vl"
 
 
 def test_picture_keys_cover_pixels_and_grid():
