@@ -67,6 +67,11 @@ def _cases(ckpts):
                 cases.append({"kind": "sample", "arch": arch, "ckpt": ckpt,
                               "metadata": {"total_num_frames": total, "fps": source_fps},
                               "kwargs": {"num_frames": num_frames, "fps": fps}})
+    # transparency composited onto white, gray to RGB, as transformers' convert_to_rgb does
+    alpha = np.random.RandomState(8).randint(0, 256, (45, 61, 1), dtype=np.uint8)
+    inputs["rgba"], inputs["gray"] = np.concatenate([picture(45, 61, 8), alpha], axis=2), picture(45, 61, 9)[..., 0]
+    for array in ("rgba", "gray"):
+        cases.append({"kind": "image", "arch": "qwen3-vl", "ckpt": ckpts["qwen3-vl"], "array": array, "bounds": None})
     inputs["panorama"] = picture(2, 500, 7)  # 250:1, past the 200:1 both refuse
     cases.append({"kind": "image", "arch": "qwen2-vl", "ckpt": ckpts["qwen2-vl"], "array": "panorama",
                   "bounds": None})
@@ -124,7 +129,7 @@ def test_pictures_identical_to_transformers(reference):
         height, width = inputs[case["array"]].shape[:2]
         assert got.num_tokens == processing.num_tokens(height, width) == int(np.prod(ref["grid"])) // 4, where
         checked += 1
-    assert checked == 8 * 4 * 2 + 8
+    assert checked == 8 * 4 * 2 + 8 + 2
 
 
 @shares_reference_run
