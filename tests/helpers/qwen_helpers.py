@@ -12,6 +12,7 @@ from vlserve.core.request import Req
 from vlserve.core.sampling_params import SamplingParams
 from vlserve.engine.qwen_prompt import VideoPad, expand_qwen_media
 from vlserve.preprocess import ProcessedImage, content_hash
+from vlserve.preprocess.qwen_vl_keys import VIDEO_PATCH, video_patch_key
 from vlserve.testing.bpe import train_byte_level_bpe
 
 MERGE, TEMPORAL = 2, 2
@@ -86,7 +87,7 @@ def random_picture(grid_hw: tuple[int, int], gen: torch.Generator, patch: int = 
 
 def video_pad(patches: list[np.ndarray], seconds: float | None = None) -> VideoPad:
     """A video pad of these temporal patches ([1, h, w, patch] each), keyed per patch."""
-    return VideoPad([ProcessedImage(p, content_hash(p, role="video"), role="video") for p in patches], seconds)
+    return VideoPad([ProcessedImage(p, video_patch_key(p, seconds), role=VIDEO_PATCH) for p in patches], seconds)
 
 
 def build_req(ids: list[int], media: list, cfg, max_new_tokens: int, rid: str = "r") -> Req:

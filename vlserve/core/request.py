@@ -32,7 +32,8 @@ class ImageSpan:
     # after a retraction or an eviction of its KV and of its vision-cache entry, the tower must run on it again.
     pixel_values: Any
     image_size: tuple[int, int] | None = None  # original (height, width), for models whose features depend on it
-    role: str = "image"  # or "frame" / "last_frame" of a video (preprocess.ProcessedImage.role); "video" (Qwen-VL)
+    # or "frame" / "last_frame" of a video (preprocess.ProcessedImage.role); "video_patch" (Qwen-VL)
+    role: str = "image"
     # Qwen2.5-VL video patches: seconds one temporal patch spans (transformers' second_per_grid_ts)
     second_per_grid_t: float | None = None
 

@@ -15,16 +15,19 @@ from dataclasses import dataclass
 
 from vlserve.core.errors import InvalidRequest
 from vlserve.core.request import ImageSpan
-from vlserve.preprocess import ProcessedImage, pad_values
+from vlserve.engine.prompt import tokenize_text
+from vlserve.preprocess import ProcessedImage, check_image_count, pad_values
 
-VISION_START, VISION_END, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|video_pad|>"
-VIDEO_WRAPPER = VISION_START + VIDEO_PAD + VISION_END
+VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
+IMAGE_WRAPPER = VISION_START + "<|image_pad|>" + VISION_END
+VIDEO_WRAPPER = VISION_START + "<|video_pad|>" + VISION_END
 
 
 @dataclass(frozen=True)
 class VideoPad:
-    """What one `<|video_pad|>` token stands for: temporal patches (role "video", pixels [1, h, w, patch]
-    each, hashed with their role, grid and seconds) and the seconds one patch spans (Qwen2.5-VL)."""
+    """What one `<|video_pad|>` token stands for: temporal patches (preprocess/qwen_vl_video.py's
+    QwenVLVideo.patches: role VIDEO_PATCH, pixels [1, h, w, patch], keyed by qwen_vl_keys) and the
+    seconds one patch spans (Qwen2.5-VL)."""
     patches: list[ProcessedImage]
     second_per_grid_t: float | None = None
 
@@ -60,3 +63,28 @@ def expand_qwen_media(ids: list[int], image_token_id: int, video_token_id: int, 
                                    second_per_grid_t=seconds))
             out.extend(pad_values(item.content_hash, n))
     return out, spans
+
+
+def qwen_expanded(builder, prompt: str | None, input_ids: list[int] | None, image_data: list, video_data: list
+                  ) -> tuple[list[int], list[ImageSpan]]:
+    """RequestBuilder's tokens for a Qwen-VL model: the prompt as the chat template wrote it (one
+    `<|vision_start|><|image_pad|><|vision_end|>` per picture; pictures without one are put first,
+    as `<image>` markers are for LLaVA), each picture through the checkpoint's Qwen-VL processing."""
+    cfg = builder.config
+    if video_data:
+        raise InvalidRequest("video_data is not served for Qwen-VL models yet (pictures are)", param="video_data")
+    check_image_count(len(image_data), builder.limits)
+    images = [builder.image_cache.prepare_image(src, builder.processing, builder.limits) for src in image_data]
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise InvalidRequest("prompt must be a string")
+        ids = tokenize_text(builder.tokenizer, prompt)
+        missing = len(images) - ids.count(cfg.image_token_id)
+        if missing > 0:
+            ids = tokenize_text(builder.tokenizer, IMAGE_WRAPPER * missing + prompt)
+    else:
+        vocab = cfg.text.vocab_size
+        if not (isinstance(input_ids, list) and all(isinstance(t, int) and 0 <= t < vocab for t in input_ids)):
+            raise InvalidRequest(f"input_ids must be a list of token ids in [0, {vocab})")
+        ids = list(input_ids)
+    return expand_qwen_media(ids, cfg.image_token_id, cfg.video_token_id, images, [], cfg.image_tokens)

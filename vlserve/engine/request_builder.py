@@ -19,6 +19,7 @@ from vlserve.core.errors import InvalidRequest
 from vlserve.core.request import Req
 from vlserve.core.sampling_params import FLOAT32_MAX, SamplingParams
 from vlserve.engine.prompt import PromptMedia, expand_image_tokens, expand_text, tokenize_text
+from vlserve.engine.qwen_prompt import qwen_expanded
 from vlserve.model.config import ModelConfig
 from vlserve.preprocess import MediaLimits, ProcessedImageCache, check_image_count
 
@@ -99,6 +100,9 @@ class RequestBuilder:
     def _expanded(self, prompt, input_ids, image_data, video_data, video_num_frames, video_fps):
         if (prompt is None) == (input_ids is None):
             raise InvalidRequest("give exactly one of prompt (text) or input_ids")
+        if self.config.mrope is not None:  # Qwen-VL: <|image_pad|> expanded by the grid (engine/qwen_prompt.py)
+            return qwen_expanded(self, prompt, input_ids, _as_list(image_data, "image_data"),
+                                 _as_list(video_data, "video_data"))
         ids, ordered = self._tokens(prompt, input_ids, _as_list(image_data, "image_data"),
                                     _as_list(video_data, "video_data"), video_num_frames, video_fps)
         return expand_image_tokens(ids, self.config.image_token_id, ordered, self.config.image_tokens)

@@ -121,7 +121,7 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
     except (ValueError, KeyError, OSError) as e:
         raise CheckpointError(f"{path}: config.json could not be read: {e}") from e
     family = family_for(hf_config)
-    cfg = family.config_from_hf(hf_config)
+    cfg = _with_generation_eos(family.config_from_hf(hf_config), path)
     chosen, note = resolve_dtype(dtype, cfg.dtype, device)
     cfg = _with_dtype(cfg, chosen)
     log.info("%s; dtype: %s", family.architecture, note)
@@ -213,6 +213,17 @@ def _materialise_buffers(model: LlavaForServing, cfg: ModelConfig) -> None:
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
         raise CheckpointError(f"weights not initialised after loading: {left[:8]}")
+
+
+def _with_generation_eos(cfg: ModelConfig, path: str) -> ModelConfig:
+    """config.json's EOS ids plus generation_config.json's (Qwen's instruct checkpoints end turns with
+    <|im_end|> and name <|endoftext|> there too), as transformers' generate() stops on both."""
+    from dataclasses import replace
+
+    eos = _json(path, "generation_config.json").get("eos_token_id")
+    extra = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int)]
+    ids = tuple(dict.fromkeys([*cfg.text.eos_token_ids, *extra]))
+    return cfg if ids == cfg.text.eos_token_ids else replace(cfg, text=replace(cfg.text, eos_token_ids=ids))
 
 
 def _with_dtype(cfg: ModelConfig, dtype: torch.dtype) -> ModelConfig:

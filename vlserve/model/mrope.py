@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from vlserve.core.positions import MRopePositions
+from vlserve.preprocess.qwen_vl_keys import VIDEO_PATCH
 
 
 @dataclass(frozen=True)
@@ -87,21 +88,21 @@ class MRopeLayout:
 
     def runs(self, spans) -> list[VisionRun]:
         """core.request.ImageSpans → vision runs: a picture is one run; a video's temporal patches
-        (role "video", pixels [t, h, w, patch] each) that follow each other without a token
+        (role VIDEO_PATCH, pixels [t, h, w, patch] each) that follow each other without a token
         between them are one run, as transformers' video_grid_thw is one grid."""
         runs: list[VisionRun] = []
         video_end = None  # token index after the last span when it was a video's
         for span in spans:
             t, h, w = span.pixel_values.shape[:3]
-            if span.role == "video" and span.start == video_end and runs[-1].grid_thw[1:] == (h, w):
+            if span.role == VIDEO_PATCH and span.start == video_end and runs[-1].grid_thw[1:] == (h, w):
                 runs[-1] = replace(runs[-1], grid_thw=(runs[-1].grid_thw[0] + t, h, w))
             else:
                 runs.append(VisionRun(span.start, (t, h, w), self._time_interval(span)))
-            video_end = span.end if span.role == "video" else None
+            video_end = span.end if span.role == VIDEO_PATCH else None
         return runs
 
     def _time_interval(self, span) -> float:
-        if span.role != "video" or self.tokens_per_second is None:
+        if span.role != VIDEO_PATCH or self.tokens_per_second is None:
             return 1.0
         return video_time_interval(self.tokens_per_second, span.second_per_grid_t or 1.0)
 
