@@ -3,7 +3,8 @@
 A processing is any object with `process(PIL image) -> ProcessedImage`, `for_image_count(n)` (the
 processing for each of n images in one prompt) and `process_frames(frames)` (ImageProcessing for
 one view, AnyresProcessing for tiles, PooledVideoProcessing for frames); it must be hashable, since
-it keys the processed-image cache.
+it keys the processed-image cache. A model's processing also lists the mm_processor_kwargs a request
+may give (`mm_processor_keys`) and makes the processing with them (`with_mm_kwargs(**kwargs)`).
 """
 
 from PIL import Image
@@ -26,5 +27,6 @@ def prepare_image(source: MediaSource, processing, limits: MediaLimits = MediaLi
 
 
 def prepare_video(source: MediaSource, processing, limits: MediaLimits = MediaLimits(),
-                  num_frames: int | None = None, fps: float | None = None) -> list[ProcessedImage]:
-    return processing.process_frames(load_video(source, limits, num_frames, fps))
+                  num_frames: int | None = None, fps: float | None = None,
+                  max_frames: int | None = None) -> list[ProcessedImage]:
+    return processing.process_frames(load_video(source, limits, num_frames, fps, max_frames))
