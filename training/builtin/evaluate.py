@@ -5,6 +5,7 @@
     python -m training.builtin.evaluate --blank                      # every image replaced by a blank one
     python -m training.builtin.evaluate --kind outside               # pictures with no known shape
     python -m training.builtin.evaluate --kind image --shots 2       # two worked examples before each question
+    python -m training.builtin.evaluate --kind typed                 # typed.py: crowded, relations, typed phrasing
     python -m training.builtin.evaluate --set both                   # and the independent set (independent_set.py)
 
 A backend is any `generate_fn(prompts, images) -> answers`: `prompts[i]` is the chat-templated text
@@ -25,7 +26,7 @@ from typing import Callable
 from PIL import Image
 
 from training.builtin import independent_set
-from vlserve.builtin import scenes
+from vlserve.builtin import scenes, typed
 from vlserve.builtin.answers import is_correct
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
@@ -35,6 +36,7 @@ DEFAULT_MODEL = BUILTIN_MODEL_DIR
 MAX_NEW_TOKENS = 24
 QTYPE_GROUPS = (("image", scenes.IMAGE_QTYPES), ("video", scenes.VIDEO_QTYPES),
                 ("outside", (scenes.OUTSIDE_QTYPE,)))
+TYPED_GROUPS = (("typed", typed.QTYPES),)
 INDEPENDENT_GROUPS = (("independent", independent_set.QTYPES), ("slice", ("crowded", "wide", "tall", "square")))
 
 
@@ -189,7 +191,8 @@ def main() -> None:
     p.add_argument("--model", default=str(DEFAULT_MODEL))
     p.add_argument("--n", type=int, default=500, help="questions per kind (image, video, outside)")
     p.add_argument("--seed", type=int, default=12345, help="held-out seed (training uses small seeds)")
-    p.add_argument("--kind", choices=("image", "video", "outside", "all"), default="all")
+    p.add_argument("--kind", choices=("image", "video", "outside", "all", "typed"), default="all",
+                   help="all: image, video and outside; typed: typed.py's questions, its types in equal shares")
     p.add_argument("--backend", choices=tuple(BACKENDS), default="transformers")
     p.add_argument("--blank", action="store_true", help="replace every image by a blank one")
     p.add_argument("--shots", type=int, default=0,
@@ -213,10 +216,13 @@ def main() -> None:
         if a.set == "independent":
             return
     kinds = ("image", "video", "outside") if a.kind == "all" else (a.kind,)
-    data = [s for i, k in enumerate(kinds) for s in scenes.samples(a.n, a.seed + i, k)]
+    data = [s for i, k in enumerate(kinds)
+            for s in (typed.samples(a.n, a.seed) if k == "typed" else scenes.samples(a.n, a.seed + i, k))]
     if a.shots:
         data = with_shots(data, a.shots, a.seed + 100)
     report = evaluate(generate_fn, data, tokenizer, blank=a.blank)
+    if a.kind == "typed":
+        report.groups = TYPED_GROUPS
     print(f"model {a.model}  backend {a.backend}  seed {a.seed}  n {a.n}/kind"
           f"{f'  {a.shots} shots' if a.shots else ''}{'  BLANK images' if a.blank else ''}")
     print(report.table())
