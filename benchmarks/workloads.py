@@ -204,10 +204,12 @@ def _run_system(system: str, model_dir: str, reqs: list[Job], threads: int, peer
             lambda: run_transformers(model_dir, reqs, VIDEO_FRAMES, threads, dtype=dtype, batches=batches))), None
     if system == "vllm":
         kv_bytes = peers.kv_tokens * kv_bytes_per_token(model_dir, dtype)
+        # vLLM refuses a max_model_len its KV space cannot hold whole (less a block): half of it is
+        # room for every workload's longest request
         return _beside(peak, lambda: run_vllm(model_dir, reqs, VIDEO_FRAMES, threads, peers.vllm_venv, dtype=dtype,
                                               batches=batches, enforce_eager=peers.vllm_enforce_eager,
                                               kv_cache_bytes=kv_bytes,
-                                              max_model_len=min(peers.kv_tokens, context_length(model_dir)))), None
+                                              max_model_len=min(peers.kv_tokens // 2, context_length(model_dir)))), None
     if system.startswith("llamacpp-"):
         setup = peers.llamacpp_setup(system, threads)
         return _beside(peak, lambda: run_llamacpp(model_dir, reqs, VIDEO_FRAMES, setup, batches)), None
@@ -325,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma list of the text GGUF's weight types ({', '.join(WEIGHT_TYPES)})")
     p.add_argument("--llamacpp-parallel", default="4", help="comma list of llama-server --parallel values")
     p.add_argument("--llamacpp-cache-ram", type=int, help="llama-server --cache-ram MiB (default: its own)")
+    p.add_argument("--llamacpp-poll", type=int, help="llama-server --poll 0..100 (0: idle threads sleep; "
+                   "default: its own, 50)")
     p.add_argument("--repeats", type=int, default=1,
                    help="run every system this many times, the order reversed on every second repeat")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -349,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.kv_tokens < 1024 or args.scale <= 0 or not parallels or min(parallels) < 1:
         p.error("--kv-tokens must be at least 1024, --scale positive and every --llamacpp-parallel at least 1")
     peers = PeerOptions(args.vllm_venv, args.kv_tokens, args.vllm_enforce_eager,
-                        LlamaCppSetup(args.llamacpp_build, args.llamacpp_dir, cache_ram_mib=args.llamacpp_cache_ram),
+                        LlamaCppSetup(args.llamacpp_build, args.llamacpp_dir, cache_ram_mib=args.llamacpp_cache_ram,
+                                      poll=args.llamacpp_poll),
                         tuple((t, n) for t in types for n in parallels))
     threads_from(args)
     model_dir = args.model or bench_model(f"/tmp/vlserve-bench-models/{args.spec}", SPECS[args.spec])

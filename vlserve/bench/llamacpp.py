@@ -49,6 +49,7 @@ class LlamaCppSetup:
     threads: int = 2  # -t and -tb
     ctx_tokens: int = 16384  # -c, one unified KV buffer (-kvu) over every slot
     cache_ram_mib: int | None = None  # --cache-ram; None: the server's default (on)
+    poll: int | None = None  # --poll, how hard idle threads spin (0: they sleep); None: the server's default (50)
     timeout_s: float = 1800.0
 
     def binary(self, name: str) -> str:
@@ -127,7 +128,8 @@ class LlamaServer:
         cmd = [s.binary("llama-server"), "-m", self.text, "--mmproj", self.mmproj, "-t", str(s.threads),
                "-tb", str(s.threads), "-c", str(s.ctx_tokens), "--parallel", str(s.parallel), "-kvu",
                "--host", "127.0.0.1", "--port", str(self.port)]
-        return cmd + ([] if s.cache_ram_mib is None else ["--cache-ram", str(s.cache_ram_mib)])
+        return (cmd + ([] if s.cache_ram_mib is None else ["--cache-ram", str(s.cache_ram_mib)])
+                + ([] if s.poll is None else ["--poll", str(s.poll)]))
 
     def __enter__(self) -> LlamaServer:
         import httpx
@@ -248,9 +250,11 @@ def run_llamacpp(model_dir: str, reqs: list[Job], video_frames: int = 8, setup: 
         runs.append(answers)
     answers = runs[best_batch(walls)]
     ram = "default" if setup.cache_ram_mib is None else setup.cache_ram_mib
+    poll = "default" if setup.poll is None else setup.poll
     note = (f"llama.cpp b11434 llama-server /completion, {setup.weight_type} weights, --parallel {setup.parallel}, "
-            f"-t/-tb {setup.threads}, -c {setup.ctx_tokens} -kvu, --cache-ram {ram}; cached = timings.cache_n")
-    return PeerRun(f"llamacpp-{setup.weight_type}", min(walls), [a.prompt_tokens for a in answers],
+            f"-t/-tb {setup.threads}, --poll {poll}, -c {setup.ctx_tokens} -kvu, --cache-ram {ram}; "
+            "cached = timings.cache_n")
+    return PeerRun(f"llamacpp-{setup.weight_type}-p{setup.parallel}", min(walls), [a.prompt_tokens for a in answers],
                    [a.completion_tokens for a in answers], [a.cached_tokens for a in answers],
                    [a.latency_s for a in answers], [a.ttft_s for a in answers], [a.text for a in answers], note,
                    batch_walls_s=walls)
