@@ -199,3 +199,11 @@ def test_gpu_dequantizes_at_load_and_says_so(quantized, caplog):
     w = state["language_model.layers.0.mlp.down_proj.weight"]
     assert w.dtype == torch.bfloat16 and not any(k.endswith("weight_scale") for k in state)
 
+
+
+def test_tensor_parallelism_refuses_quantized_layers(quantized):
+    from vlserve.model.tensor_parallel import TPContext, shard_model
+
+    loaded = load_model(quantized("w8a8-llama")[0])
+    with pytest.raises(CheckpointError, match="does not shard quantized"):
+        shard_model(loaded.model, TPContext(rank=0, size=2))
