@@ -91,7 +91,7 @@ def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] float -> (int8 [M, K rounded up to 4], zero padded; fp32 scale [M])."""
+    """[M, K] fp32 or bf16 (read as it is) -> (int8 [M, K rounded up to 4], zero padded; fp32 scale [M])."""
     return _ops("vlserve_int8").quantize_rows(x)
 
 
@@ -102,7 +102,8 @@ def int8_gemm_int32(xq: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor, 
 
 def int8_linear(x: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor, w_scale: torch.Tensor,
                 bias: torch.Tensor | None, isa: int = -1) -> torch.Tensor:
-    """[M, K] float -> [M, N] fp32: x quantized per row, the int8 GEMM, x_scale · w_scale (+ bias)."""
+    """[M, K] float -> [M, N]: x quantized per row, the int8 GEMM, x_scale · w_scale (+ bias) in fp32;
+    bf16 out (rounded once) for a bf16 x, else fp32."""
     return _ops("vlserve_int8").int8_linear(x, packed, comp, w_scale, bias, isa)
 
 
