@@ -66,6 +66,13 @@ def build_error() -> str | None:
     return _loaded.get("error")
 
 
+def _ops(namespace: str):
+    """torch.ops.<namespace>, the extension built and loaded first."""
+    if not available():
+        raise RuntimeError(f"the quantized CPU GEMMs could not be built here: {build_error()}")
+    return getattr(torch.ops, namespace)
+
+
 def int8_isa() -> int:
     """The int8 path here: ISA_VNNI, ISA_AVX2, or 0 (not built, or neither: the reference runs)."""
     return int(torch.ops.vlserve_int8.int8_isa()) if available() else 0
@@ -80,23 +87,24 @@ def int4_supported() -> bool:
 
 def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 [N, K] -> (packed [N/16, K/4, 16, 4] int8, comp [N/16·16] int32 = 128 · Σ_k w)."""
-    return torch.ops.vlserve_int8.pack_int8(weight)
+    return _ops("vlserve_int8").pack_int8(weight)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] float -> (int8 [M, K rounded up to 4], zero padded; fp32 scale [M])."""
-    return torch.ops.vlserve_int8.quantize_rows(x)
+    """[M, K] fp32 or bf16 (read as it is) -> (int8 [M, K rounded up to 4], zero padded; fp32 scale [M])."""
+    return _ops("vlserve_int8").quantize_rows(x)
 
 
 def int8_gemm_int32(xq: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor, n: int, isa: int = -1) -> torch.Tensor:
     """The exact int32 sums xq · wᵀ (the GEMM's integer part alone)."""
-    return torch.ops.vlserve_int8.int8_gemm_int32(xq, packed, comp, n, isa)
+    return _ops("vlserve_int8").int8_gemm_int32(xq, packed, comp, n, isa)
 
 
 def int8_linear(x: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor, w_scale: torch.Tensor,
                 bias: torch.Tensor | None, isa: int = -1) -> torch.Tensor:
-    """[M, K] float -> [M, N] fp32: x quantized per row, the int8 GEMM, x_scale · w_scale (+ bias)."""
-    return torch.ops.vlserve_int8.int8_linear(x, packed, comp, w_scale, bias, isa)
+    """[M, K] float -> [M, N]: x quantized per row, the int8 GEMM, x_scale · w_scale (+ bias) in fp32;
+    bf16 out (rounded once) for a bf16 x, else fp32."""
+    return _ops("vlserve_int8").int8_linear(x, packed, comp, w_scale, bias, isa)
 
 
 def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,18 +128,18 @@ def int8_linear_ref(x: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 q [N, K] in [-8, 7], scale [N, K/G], zero points [N, K/G] or None -> (packed [N/16, K/8, 16]
     int32 words, [N/16, K/G, 2, 16] fp32 of scale and scale · (8 + zero))."""
-    return torch.ops.vlserve_int4.pack_int4(q, scale, zero)
+    return _ops("vlserve_int4").pack_int4(q, scale, zero)
 
 
 def int4_decode(x: torch.Tensor, packed: torch.Tensor, sc: torch.Tensor, bias: torch.Tensor | None,
                 n: int) -> torch.Tensor:
     """[M, K] -> [M, N] fp32, unpacked and scaled in registers (decode rows)."""
-    return torch.ops.vlserve_int4.decode_int4(x, packed, sc, bias, n)
+    return _ops("vlserve_int4").decode_int4(x, packed, sc, bias, n)
 
 
 def int4_dequantize(packed: torch.Tensor, sc: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
     """The packed weight as a [N, K] matrix of `dtype` (prefill rows run BLAS on it)."""
-    return torch.ops.vlserve_int4.dequantize_int4(packed, sc, n, dtype)
+    return _ops("vlserve_int4").dequantize_int4(packed, sc, n, dtype)
 
 
 def int4_dequantize_ref(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> torch.Tensor:

@@ -70,6 +70,25 @@ def test_int8_linear_matches_reference(built, shape, bias):
         torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5, msg=lambda e: f"isa {isa}: {e}")
 
 
+@pytest.mark.parametrize("shape", INT8_SHAPES, ids=str)
+def test_int8_linear_reads_and_writes_bf16(built, shape):
+    """A bf16 input is quantized as its fp32 value, and the fp32 epilogue is rounded to bf16 once."""
+    m, k, n = shape
+    x, w, w_scale, b = _int8_case(m, k, n, seed=k)
+    x = x.bfloat16()
+    packed, comp = quant_gemm.pack_int8(w)
+    q, scale = quant_gemm.quantize_rows(x)
+    q_ref, scale_ref = quant_gemm.quantize_rows_ref(x)
+    assert torch.equal(q[:, :k], q_ref) and torch.equal(scale, scale_ref)
+    ref = quant_gemm.int8_linear_ref(x, w, w_scale, b)
+    for isa in int8_isas():
+        y = quant_gemm.int8_linear(x, packed, comp, w_scale, b, isa)
+        assert y.dtype == torch.bfloat16
+        # one rounding to bf16 of values equal to 1e-5: at most one bf16 step apart
+        torch.testing.assert_close(y.float(), ref.bfloat16().float(), rtol=2 ** -7, atol=1e-5,
+                                   msg=lambda e: f"isa {isa}: {e}")
+
+
 def _int4_case(m, k, n, group, symmetric, seed):
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(-8, 8, (n, k), generator=g, dtype=torch.int8)

@@ -30,7 +30,7 @@ import torch
 from helpers.runner_helpers import batched_logits
 from vlserve.core.errors import CheckpointError
 from vlserve.model.loader import load_model
-from vlserve.model.quantized_linear import Int4Linear, Int8Linear, QuantizedLinear
+from vlserve.model.quantized_linear import INT4_PREFILL_ROWS, Int4Linear, Int8Linear, QuantizedLinear
 from vlserve.runner.model_runner import ModelRunner
 from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
@@ -62,7 +62,8 @@ def run_llmc(code: str) -> None:
 
 
 def prompts(cfg, gen) -> list[dict]:
-    """Text only, an image first, two images, and one past INT4_PREFILL_ROWS rows (the prefill path)."""
+    """Text only, an image first, two images, and a long one: prefilled together they pass
+    INT4_PREFILL_ROWS rows (the W4A16 prefill path); each decode step is 4 rows (the in-register path)."""
     img, n = cfg.image_token_id, cfg.tokens_per_image
 
     def text(k):
@@ -74,37 +75,32 @@ def prompts(cfg, gen) -> list[dict]:
     return [{"ids": text(7), "pixel_values": None},
             {"ids": [img] * n + text(5), "pixel_values": pixels(1)},
             {"ids": text(3) + [img] * n + text(4) + [img] * n + text(2), "pixel_values": pixels(2)},
-            {"ids": text(40) + [img] * n + text(3), "pixel_values": pixels(1)}]
+            {"ids": text(60) + [img] * n + text(3), "pixel_values": pixels(1)}]
 
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory):
-    """name -> (compressed checkpoint, prompts, the reference's output), each made once: llm-compressor
-    quantizes, then transformers runs the prompts on the result, in one call to its environment."""
-    made = {}
-
-    def make(name):
-        if name not in made:
-            flags, text = CASES[name][:2]
-            root = tmp_path_factory.mktemp(name)
-            src, out = str(root / "fp32"), str(root / "quantized")
-            make_tiny_model(src, seed=3, spec=TinyModelSpec(text=text, intermediate_size=192))
-            reqs = prompts(load_model(src).config, torch.Generator().manual_seed(0))
-            torch.save(reqs, root / "prompts.pt")
-            ref = str(root / "ref.pt")
-            run_llmc(f"import quantize_checkpoint as q, compressed_reference as r\n"
-                     f"sys.argv = ['quantize_checkpoint', {src!r}, {out!r}] + {flags!r}; q.main()\n"
-                     f"sys.argv = ['compressed_reference', {out!r}, {str(root / 'prompts.pt')!r}, {ref!r}, "
-                     f"'--steps', '{STEPS}']; r.main()")
-            made[name] = (out, reqs, torch.load(ref))
-        return made[name]
-
-    return make
+    """name -> (compressed checkpoint, prompts, the reference's output) for every case, made at once:
+    llm-compressor quantizes each, then transformers runs the prompts on the results, all in one call
+    to its environment (importing llm-compressor is most of a call's time)."""
+    made, code = {}, ["import quantize_checkpoint as q, compressed_reference as r"]
+    for name, (flags, text, *_) in CASES.items():
+        root = tmp_path_factory.mktemp(name)
+        src, out, ref = str(root / "fp32"), str(root / "quantized"), str(root / "ref.pt")
+        make_tiny_model(src, seed=3, spec=TinyModelSpec(text=text, intermediate_size=192))
+        reqs = prompts(load_model(src).config, torch.Generator().manual_seed(0))
+        torch.save(reqs, root / "prompts.pt")
+        code += [f"sys.argv = ['quantize_checkpoint', {src!r}, {out!r}] + {flags!r}; q.main()",
+                 f"sys.argv = ['compressed_reference', {out!r}, {str(root / 'prompts.pt')!r}, {ref!r}, "
+                 f"'--steps', '{STEPS}']; r.main()"]
+        made[name] = (out, reqs, ref)
+    run_llmc("\n".join(code))
+    return {name: (out, reqs, torch.load(ref)) for name, (out, reqs, ref) in made.items()}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request, quantized):
-    out, reqs, ref = quantized(request.param)
+    out, reqs, ref = quantized[request.param]
     tol, margin, layer = CASES[request.param][2:]
     return load_model(out), reqs, ref, tol, margin, layer
 
@@ -127,6 +123,7 @@ def test_logits_match_transformers_on_the_compressed_checkpoint(case):
     runner = ModelRunner.standalone(loaded, max_total_tokens=2048, page_size=4)
     batch = [(r["ids"], 0 if r["pixel_values"] is None else r["pixel_values"].shape[0]) for r in reqs]
     ref_logits = ref["logits"]
+    assert sum(len(ids) for ids, _ in batch) >= INT4_PREFILL_ROWS > len(batch)  # both W4A16 paths run
     native = batched_logits(runner, cfg, batch, [r["pixel_values"] for r in reqs], STEPS,
                             lambda step, logits: [int(r[step].argmax()) for r in ref_logits])
     compared = 0
@@ -186,7 +183,7 @@ def test_gpu_dequantizes_at_load_and_says_so(quantized, caplog):
     from vlserve.model.families import family_for
     from transformers import AutoConfig
 
-    out = quantized("w8a8-llama")[0]
+    out = quantized["w8a8-llama"][0]
     hf = AutoConfig.from_pretrained(out)
     family = family_for(hf)
     cfg = family.config_from_hf(hf)
@@ -199,3 +196,11 @@ def test_gpu_dequantizes_at_load_and_says_so(quantized, caplog):
     w = state["language_model.layers.0.mlp.down_proj.weight"]
     assert w.dtype == torch.bfloat16 and not any(k.endswith("weight_scale") for k in state)
 
+
+
+def test_tensor_parallelism_refuses_quantized_layers(quantized):
+    from vlserve.model.tensor_parallel import TPContext, shard_model
+
+    loaded = load_model(quantized["w8a8-llama"][0])
+    with pytest.raises(CheckpointError, match="does not shard quantized"):
+        shard_model(loaded.model, TPContext(rank=0, size=2))

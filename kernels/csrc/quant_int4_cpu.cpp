@@ -93,39 +93,39 @@ struct Int4Args {
 template <int R, int C>
 VLSERVE_AVX512 void block_int4(const Int4Args& a, int64_t m0, int64_t b0) {
   __m512 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   const __m512i mask = _mm512_set1_epi32(0xF);
   for (int64_t g = 0; g < a.groups; ++g) {
     __m512 part[R][C];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) part[r][c] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+      _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) part[r][c] = _mm512_setzero_ps();
     for (int64_t s = g * a.group_steps; s < (g + 1) * a.group_steps; ++s) {
       __m512i words[C];
-      for (int c = 0; c < C; ++c)
+      _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c)
         words[c] = _mm512_loadu_si512(a.w + ((b0 + c) * a.steps + s) * kCols);
-      for (int j = 0; j < kPerWord; ++j) {
+      _Pragma("GCC unroll 8") for (int j = 0; j < kPerWord; ++j) {
         __m512 wf[C];
-        for (int c = 0; c < C; ++c)
+        _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c)
           wf[c] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(words[c], 4 * j), mask));
-        for (int r = 0; r < R; ++r) {
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
           const __m512 xv = _mm512_set1_ps(a.x[(m0 + r) * a.K + s * kPerWord + j]);
-          for (int c = 0; c < C; ++c) part[r][c] = _mm512_fmadd_ps(wf[c], xv, part[r][c]);
+          _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) part[r][c] = _mm512_fmadd_ps(wf[c], xv, part[r][c]);
         }
       }
     }
-    for (int c = 0; c < C; ++c) {
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) {
       const float* scp = a.sc + ((b0 + c) * a.groups + g) * 2 * kCols;
       const __m512 s = _mm512_loadu_ps(scp), cc = _mm512_loadu_ps(scp + kCols);
-      for (int r = 0; r < R; ++r) {
+      _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
         const __m512 xs = _mm512_set1_ps(a.xsum[(m0 + r) * a.groups + g]);
         acc[r][c] = _mm512_fnmadd_ps(cc, xs, _mm512_fmadd_ps(s, part[r][c], acc[r][c]));
       }
     }
   }
   alignas(64) float out[kCols];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) {
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) {
       _mm512_store_ps(out, acc[r][c]);
       const int64_t n0 = (b0 + c) * kCols, n = std::min<int64_t>(kCols, a.N - n0);
       for (int64_t i = 0; i < n; ++i) a.y[(m0 + r) * a.N + n0 + i] = out[i] + (a.bias ? a.bias[n0 + i] : 0.f);
@@ -174,14 +174,11 @@ at::Tensor decode_int4(const at::Tensor& x_in, const at::Tensor& packed, const a
   return y;
 }
 
-// The packed weight back to a [N, K] matrix of `dtype` (w = nibble · s - c), for prefill rows.
-at::Tensor dequantize_int4(const at::Tensor& packed, const at::Tensor& sc, int64_t N, c10::ScalarType dtype) {
-  const int64_t blocks = packed.size(0), steps = packed.size(1), groups = sc.size(1), K = steps * kPerWord;
-  const int64_t group_steps = steps / groups;
-  at::Tensor w = at::empty({N, K}, packed.options().dtype(at::kFloat));
+template <typename T>
+void dequantize_into(const at::Tensor& packed, const at::Tensor& sc, int64_t N, T* dst) {
+  const int64_t steps = packed.size(1), groups = sc.size(1), K = steps * kPerWord, group_steps = steps / groups;
   const uint32_t* src = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
   const float* scp = sc.data_ptr<float>();
-  float* dst = w.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const int64_t b = n / kCols, c = n % kCols;
@@ -190,12 +187,71 @@ at::Tensor dequantize_int4(const at::Tensor& packed, const at::Tensor& sc, int64
         const int64_t g = s / group_steps;
         const float sv = scp[((b * groups + g) * 2) * kCols + c], cv = scp[((b * groups + g) * 2 + 1) * kCols + c];
         for (int64_t j = 0; j < kPerWord; ++j)
-          dst[n * K + s * kPerWord + j] = static_cast<float>((word >> (4 * j)) & 0xF) * sv - cv;
+          dst[n * K + s * kPerWord + j] = static_cast<T>(static_cast<float>((word >> (4 * j)) & 0xF) * sv - cv);
       }
     }
   });
-  (void)blocks;
-  return dtype == at::kFloat ? w : w.to(dtype);
+}
+
+// Sixteen weights of column c, steps s and s + 1 (one group), as fp32.
+VLSERVE_AVX512 inline __m512 unpack_two_steps(const uint32_t* src, int64_t s, int64_t c, __m512 scale, __m512 c8) {
+  const __m512i words = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(static_cast<int>(src[s * kCols + c]))),
+                                           _mm256_set1_epi32(static_cast<int>(src[(s + 1) * kCols + c])), 1);
+  const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+  const __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(words, shifts), _mm512_set1_epi32(0xF));
+  return _mm512_fmsub_ps(_mm512_cvtepi32_ps(nib), scale, c8);
+}
+
+// Row n of the dequantized weight on AVX-512 (even steps per group): fp32, or bf16 rounded to nearest even.
+template <bool kBf16>
+VLSERVE_AVX512 void dequantize_row_512(const uint32_t* src, const float* scp, int64_t n, int64_t steps,
+                                       int64_t groups, void* out) {
+  const int64_t K = steps * kPerWord, group_steps = steps / groups, b = n / kCols, c = n % kCols;
+  const uint32_t* blk = src + b * steps * kCols;
+  for (int64_t s = 0; s < steps; s += 2) {
+    const float* g = scp + ((b * groups + s / group_steps) * 2) * kCols;
+    const __m512 w = unpack_two_steps(blk, s, c, _mm512_set1_ps(g[c]), _mm512_set1_ps(g[kCols + c]));
+    if constexpr (kBf16) {
+      const __m512i bits = _mm512_castps_si512(w);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+      const __m512i rounded =
+          _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, lsb), _mm512_set1_epi32(0x7FFF)), 16);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + n * K + s * kPerWord),
+                          _mm512_cvtepi32_epi16(rounded));
+    } else {
+      _mm512_storeu_ps(static_cast<float*>(out) + n * K + s * kPerWord, w);
+    }
+  }
+}
+
+template <bool kBf16>
+void dequantize_512(const at::Tensor& packed, const at::Tensor& sc, int64_t N, void* out) {
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
+  const float* scp = sc.data_ptr<float>();
+  const int64_t steps = packed.size(1), groups = sc.size(1);
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) dequantize_row_512<kBf16>(src, scp, n, steps, groups, out);
+  });
+}
+
+// The packed weight back to a [N, K] matrix of `dtype` (w = nibble · s - c), for prefill rows.
+at::Tensor dequantize_int4(const at::Tensor& packed, const at::Tensor& sc, int64_t N, c10::ScalarType dtype) {
+  TORCH_CHECK(packed.dim() == 3 && sc.dim() == 4 && N <= packed.size(0) * kCols, "dequantize_int4: bad shapes");
+  at::Tensor w = at::empty({N, packed.size(1) * kPerWord}, packed.options().dtype(dtype));
+  const bool vector = has_avx512() && (packed.size(1) / sc.size(1)) % 2 == 0;
+  if (vector && dtype == at::kBFloat16) {
+    dequantize_512<true>(packed, sc, N, w.data_ptr());
+  } else if (vector && dtype == at::kFloat) {
+    dequantize_512<false>(packed, sc, N, w.data_ptr());
+  } else if (dtype == at::kBFloat16) {
+    dequantize_into(packed, sc, N, w.data_ptr<at::BFloat16>());
+  } else if (dtype == at::kHalf) {
+    dequantize_into(packed, sc, N, w.data_ptr<at::Half>());
+  } else {
+    TORCH_CHECK(dtype == at::kFloat, "dequantize_int4: dtype ", dtype, " not served");
+    dequantize_into(packed, sc, N, w.data_ptr<float>());
+  }
+  return w;
 }
 
 }  // namespace

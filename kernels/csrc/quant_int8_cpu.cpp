@@ -88,30 +88,68 @@ std::tuple<at::Tensor, at::Tensor> pack_int8(const at::Tensor& w_in) {
   return {packed, comp};
 }
 
-// x [M, K] float -> (q [M, round_up(K, 4)] int8, zero padded; scale [M] fp32).
+// One row (fp32 or bf16): its scale, and q written to out[0, K).
+template <typename T>
+float quantize_row_scalar(const T* row, int64_t K, int8_t* out) {
+  float amax = 0.f;
+  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(static_cast<float>(row[k])));
+  // compressed-tensors: the scale never below fp32's epsilon, so an all-zero row quantizes to zeros
+  const float s = std::max(amax / 127.5f, 1.1920928955078125e-07f);
+  for (int64_t k = 0; k < K; ++k) {
+    const float v = std::nearbyint(static_cast<float>(row[k]) / s);  // the default rounding mode: half to even
+    out[k] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, v)));
+  }
+  return s;
+}
+
+VLSERVE_VNNI inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+VLSERVE_VNNI inline __m512 load16(const at::BFloat16* p) {  // bf16 is the top half of an fp32
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <typename T>
+VLSERVE_VNNI float quantize_row_512(const T* row, int64_t K, int8_t* out) {
+  __m512 vmax = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(load16(row + k)));
+  float amax = _mm512_reduce_max_ps(vmax);
+  for (int64_t t = k; t < K; ++t) amax = std::max(amax, std::fabs(static_cast<float>(row[t])));
+  const float s = std::max(amax / 127.5f, 1.1920928955078125e-07f);
+  const __m512 sv = _mm512_set1_ps(s), lo = _mm512_set1_ps(-128.f), hi = _mm512_set1_ps(127.f);
+  for (k = 0; k + 16 <= K; k += 16) {
+    __m512 v = _mm512_div_ps(load16(row + k), sv);  // x / scale, as compressed-tensors divides
+    v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  // half to even
+    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+  for (; k < K; ++k)
+    out[k] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, std::nearbyint(static_cast<float>(row[k]) / s))));
+  return s;
+}
+
+template <typename T>
+void quantize_into(const T* xs, int64_t M, int64_t K, int64_t Kp, int8_t* qs, float* ss) {
+  const bool vnni = has_vnni();
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m)
+      ss[m] = vnni ? quantize_row_512(xs + m * K, K, qs + m * Kp) : quantize_row_scalar(xs + m * K, K, qs + m * Kp);
+  });
+}
+
+// x [M, K] fp32 or bf16 (others widened to fp32) -> (q [M, round_up(K, 4)] int8, zero padded; scale [M] fp32).
 std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x_in) {
   TORCH_CHECK(x_in.dim() == 2, "quantize_rows: need [M, K], got ", x_in.sizes());
-  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const at::Tensor x = x_in.scalar_type() == at::kBFloat16 ? x_in.contiguous() : x_in.to(at::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), Kp = round_up(K, 4);
   at::Tensor q = at::zeros({M, Kp}, x.options().dtype(at::kChar));
-  at::Tensor scale = at::empty({M}, x.options());
-  const float* xs = x.data_ptr<float>();
-  int8_t* qs = q.data_ptr<int8_t>();
-  float* ss = scale.data_ptr<float>();
-  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) {
-      const float* row = xs + m * K;
-      float amax = 0.f;
-      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(row[k]));
-      // compressed-tensors: the scale never below fp32's epsilon, so an all-zero row quantizes to zeros
-      const float s = std::max(amax / 127.5f, 1.1920928955078125e-07f);
-      ss[m] = s;
-      for (int64_t k = 0; k < K; ++k) {
-        const float v = std::nearbyint(row[k] / s);  // the default rounding mode: half to even
-        qs[m * Kp + k] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, v)));
-      }
-    }
-  });
+  at::Tensor scale = at::empty({M}, x.options().dtype(at::kFloat));
+  if (x.scalar_type() == at::kBFloat16) {
+    quantize_into(x.data_ptr<at::BFloat16>(), M, K, Kp, q.data_ptr<int8_t>(), scale.data_ptr<float>());
+  } else {
+    quantize_into(x.data_ptr<float>(), M, K, Kp, q.data_ptr<int8_t>(), scale.data_ptr<float>());
+  }
   return {q, scale};
 }
 
@@ -119,6 +157,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x_in) {
 struct Out {
   int32_t* raw = nullptr;  // [M, N] int32
   float* y = nullptr;      // [M, N] fp32
+  at::BFloat16* y16 = nullptr;  // or [M, N] bf16 (rounded to nearest even)
   const float* x_scale = nullptr;
   const float* w_scale = nullptr;
   const float* bias = nullptr;
@@ -131,38 +170,74 @@ struct Out {
       if (raw) {
         raw[m * N + n0 + c] = sums[c];
       } else {
-        const float v = static_cast<float>(sums[c]) * (x_scale[m] * w_scale[n0 + c]);
-        y[m * N + n0 + c] = bias ? v + bias[n0 + c] : v;
+        float v = static_cast<float>(sums[c]) * (x_scale[m] * w_scale[n0 + c]);
+        v = bias ? v + bias[n0 + c] : v;
+        if (y16) {
+          y16[m * N + n0 + c] = at::BFloat16(v);
+        } else {
+          y[m * N + n0 + c] = v;
+        }
       }
     }
   }
 };
 
 template <int R, int C>
-VLSERVE_VNNI void block_vnni(const int8_t* xq, int64_t ldx, const int8_t* packed, const int32_t* comp,
-                             int64_t steps, int64_t m0, int64_t b0, const Out& out) {
-  __m512i acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
-  const int8_t* w0 = packed + b0 * steps * 64;
-  const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
-  for (int64_t s = 0; s < steps; ++s) {
-    __m512i w[C];
-    for (int c = 0; c < C; ++c) w[c] = _mm512_loadu_si512(w0 + (c * steps + s) * 64);
+VLSERVE_VNNI void epilogue_vnni(const int32_t (*res)[C][kCols], const int32_t* comp, int64_t m0, int64_t b0,
+                                const Out& out) {
+  alignas(64) int32_t sums[kCols];
+  for (int c = 0; c < C; ++c) {
+    const int64_t n0 = (b0 + c) * kCols;
+    const __m512i cv = _mm512_loadu_si512(comp + n0);
+    const __mmask16 edge = static_cast<__mmask16>((1u << std::min<int64_t>(kCols, out.N - n0)) - 1);
+    const bool scaled = out.y || out.y16;
+    const __m512 ws = scaled ? _mm512_maskz_loadu_ps(edge, out.w_scale + n0) : _mm512_setzero_ps();
+    const __m512 bias = out.bias ? _mm512_maskz_loadu_ps(edge, out.bias + n0) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) {
-      int32_t word;
-      std::memcpy(&word, xq + (m0 + r) * ldx + 4 * s, 4);
-      const __m512i x = _mm512_xor_si512(_mm512_set1_epi32(word), flip);  // q + 128 as u8
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], x, w[c]);
+      const __m512i v = _mm512_sub_epi32(_mm512_load_si512(res[r][c]), cv);
+      if (scaled) {  // the fp32 epilogue: sums · x_scale · w_scale + bias
+        const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(out.x_scale[m0 + r]), ws);
+        const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, bias);
+        if (out.y) {
+          _mm512_mask_storeu_ps(out.y + (m0 + r) * out.N + n0, edge, y);
+        } else {  // bf16, rounded to nearest even
+          const __m512i bits = _mm512_castps_si512(y);
+          const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+          const __m512i rounded =
+              _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, lsb), _mm512_set1_epi32(0x7FFF)), 16);
+          _mm256_mask_storeu_epi16(out.y16 + (m0 + r) * out.N + n0, edge, _mm512_cvtepi32_epi16(rounded));
+        }
+      } else {
+        _mm512_store_si512(sums, v);
+        out.store(m0 + r, n0, sums);
+      }
     }
   }
-  alignas(64) int32_t sums[kCols];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) {
-      const __m512i cv = _mm512_loadu_si512(comp + (b0 + c) * kCols);
-      _mm512_store_si512(sums, _mm512_sub_epi32(acc[r][c], cv));
-      out.store(m0 + r, (b0 + c) * kCols, sums);
+}
+
+template <int R, int C>
+VLSERVE_VNNI void block_vnni(const uint8_t* xu, int64_t ldx, const int8_t* packed, const int32_t* comp,
+                             int64_t steps, int64_t m0, int64_t b0, const Out& out) {
+  __m512i acc[R][C];
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
+  const int8_t* w0 = packed + b0 * steps * 64;
+  for (int64_t s = 0; s < steps; ++s) {
+    __m512i w[C];
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) w[c] = _mm512_loadu_si512(w0 + (c * steps + s) * 64);
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+      int32_t word;
+      std::memcpy(&word, xu + (m0 + r) * ldx + 4 * s, 4);  // four activations as u8 (q + 128)
+      const __m512i x = _mm512_set1_epi32(word);
+      _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], x, w[c]);
     }
+  }
+  // the sums leave the registers before the epilogue, whose calls would otherwise make the compiler
+  // keep the accumulators in memory through the whole loop
+  alignas(64) int32_t res[R][C][kCols];
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) _mm512_store_si512(res[r][c], acc[r][c]);
+  epilogue_vnni<R, C>(res, comp, m0, b0, out);
 }
 
 template <int R>
@@ -201,7 +276,7 @@ VLSERVE_AVX2 void block_avx2(const int8_t* xq, int64_t ldx, const int8_t* packed
 }
 
 template <int R>
-void vnni_rows(const int8_t* xq, int64_t ldx, const int8_t* packed, const int32_t* comp, int64_t steps, int64_t m0,
+void vnni_rows(const uint8_t* xq, int64_t ldx, const int8_t* packed, const int32_t* comp, int64_t steps, int64_t m0,
                int64_t b0, int64_t nb, const Out& out) {
   switch (nb) {
     case 1: return block_vnni<R, 1>(xq, ldx, packed, comp, steps, m0, b0, out);
@@ -211,17 +286,17 @@ void vnni_rows(const int8_t* xq, int64_t ldx, const int8_t* packed, const int32_
   }
 }
 
-void column_group(int isa, const int8_t* xq, int64_t M, int64_t ldx, const int8_t* packed, const int32_t* comp,
+void column_group(int isa, const int8_t* xq, const uint8_t* xu, int64_t M, int64_t ldx, const int8_t* packed, const int32_t* comp,
                   int64_t steps, int64_t b0, int64_t nb, const Out& out) {
   if (isa == kIsaVnni) {
     int64_t m = 0;
-    for (; m + 6 <= M; m += 6) vnni_rows<6>(xq, ldx, packed, comp, steps, m, b0, nb, out);
+    for (; m + 6 <= M; m += 6) vnni_rows<6>(xu, ldx, packed, comp, steps, m, b0, nb, out);
     switch (M - m) {
-      case 5: vnni_rows<5>(xq, ldx, packed, comp, steps, m, b0, nb, out); break;
-      case 4: vnni_rows<4>(xq, ldx, packed, comp, steps, m, b0, nb, out); break;
-      case 3: vnni_rows<3>(xq, ldx, packed, comp, steps, m, b0, nb, out); break;
-      case 2: vnni_rows<2>(xq, ldx, packed, comp, steps, m, b0, nb, out); break;
-      case 1: vnni_rows<1>(xq, ldx, packed, comp, steps, m, b0, nb, out); break;
+      case 5: vnni_rows<5>(xu, ldx, packed, comp, steps, m, b0, nb, out); break;
+      case 4: vnni_rows<4>(xu, ldx, packed, comp, steps, m, b0, nb, out); break;
+      case 3: vnni_rows<3>(xu, ldx, packed, comp, steps, m, b0, nb, out); break;
+      case 2: vnni_rows<2>(xu, ldx, packed, comp, steps, m, b0, nb, out); break;
+      case 1: vnni_rows<1>(xu, ldx, packed, comp, steps, m, b0, nb, out); break;
       default: break;
     }
     return;
@@ -247,12 +322,15 @@ void run_gemm(int isa, const at::Tensor& xq, const at::Tensor& packed, const at:
   const int64_t M = xq.size(0), steps = packed.size(1), blocks = (out.N + kCols - 1) / kCols;
   const int64_t groups = (blocks + kGroupBlocks - 1) / kGroupBlocks;
   const int8_t* x = xq.data_ptr<int8_t>();
+  // the VNNI path reads the activations as u8, q + 128: the sign bit flipped, once per call
+  at::Tensor xu_t = isa == kIsaVnni ? at::bitwise_xor(xq, -128) : at::Tensor();
+  const uint8_t* xu = isa == kIsaVnni ? reinterpret_cast<const uint8_t*>(xu_t.data_ptr<int8_t>()) : nullptr;
   const int8_t* w = packed.data_ptr<int8_t>();
   const int32_t* c = comp.data_ptr<int32_t>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const int64_t b0 = g * kGroupBlocks;
-      column_group(isa, x, M, xq.size(1), w, c, steps, b0, std::min(kGroupBlocks, blocks - b0), out);
+      column_group(isa, x, xu, M, xq.size(1), w, c, steps, b0, std::min(kGroupBlocks, blocks - b0), out);
     }
   });
 }
@@ -268,17 +346,22 @@ at::Tensor int8_gemm_int32(const at::Tensor& xq, const at::Tensor& packed, const
   return raw;
 }
 
-// y [M, N] fp32 = the dequantized product of x quantized per row, plus bias (fp32).
+// y [M, N] = the dequantized product of x quantized per row, plus bias: bf16 for a bf16 x, else fp32.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp,
                        const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t isa) {
   const int64_t N = w_scale.numel();
   auto [xq, x_scale] = quantize_rows(x);
-  at::Tensor y = at::empty({xq.size(0), N}, x.options().dtype(at::kFloat));
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  at::Tensor y = at::empty({xq.size(0), N}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   at::Tensor ws = w_scale.to(at::kFloat).contiguous();
   at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   TORCH_CHECK(!b.defined() || b.numel() == N, "int8_linear: bias of ", b.numel(), " for ", N, " outputs");
   Out out;
-  out.y = y.data_ptr<float>();
+  if (bf16) {
+    out.y16 = y.data_ptr<at::BFloat16>();
+  } else {
+    out.y = y.data_ptr<float>();
+  }
   out.x_scale = x_scale.data_ptr<float>();
   out.w_scale = ws.data_ptr<float>();
   out.bias = b.defined() ? b.data_ptr<float>() : nullptr;

@@ -26,6 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vlserve.core.errors import CheckpointError
+from vlserve.model.quantized_linear import QuantizedLinear
+
 
 @dataclass(frozen=True)
 class TPContext:
@@ -172,6 +175,9 @@ def shard_mlp(mlp: nn.Module, tp: TPContext) -> None:
 def shard_model(model: nn.Module, tp: TPContext) -> nn.Module:
     """Shards a loaded LlavaForServing (projections fused) in place for rank tp.rank; returns it."""
     lm = model.language_model
+    if any(isinstance(m, QuantizedLinear) for m in lm.modules()):
+        raise CheckpointError("--tp-size > 1 does not shard quantized (compressed-tensors) layers; serve this "
+                              "checkpoint with --tp-size 1")
     check_shardable(lm.layers[0].self_attn.num_heads, lm.layers[0].self_attn.num_kv_heads,
                     lm.layers[0].mlp.gate_up_proj.out_features // 2, tp.size)
     tied = model.lm_head.weight is lm.embed_tokens.weight
