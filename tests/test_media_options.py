@@ -115,8 +115,9 @@ def test_mm_processor_kwargs_change_the_pixels_and_so_the_keys(server, http):
     _, nearest = _generate(http, text="<image>\nWhat?", image_data=image, mm_processor_kwargs={"resample": 0})
     assert again["meta_info"]["cached_tokens"] == again["meta_info"]["prompt_tokens"] - 1
     assert nearest["meta_info"]["cached_tokens"] < server[0].loaded.config.tokens_per_image
-    status, out = _generate(http, text="<image>\nWhat?", image_data=image, mm_processor_kwargs={"resample": 9})
-    assert status == 400 and "resample" in out["error"]["message"]
+    for bad in (9, "bicubic", 2.5):
+        status, out = _generate(http, text="<image>\nWhat?", image_data=image, mm_processor_kwargs={"resample": bad})
+        assert status == 400 and "resample" in out["error"]["message"], out
 
 
 def test_chat_route_takes_media_io_kwargs(server, http):
