@@ -107,15 +107,17 @@ def served_name(server: Server) -> str:
 # ---- media -------------------------------------------------------------------------------------
 
 def scene_frames(seconds: float, source_fps: int, size: int, seed: int = 0) -> list[np.ndarray]:
-    """A moving scene: a square crossing a gradient (its colours set by seed), one frame per 1/source_fps s."""
+    """A moving scene: a square crossing a gradient (its colours set by seed), one frame per 1/source_fps s.
+    No two frames are equal (the square's colour counts the frames), so no frame's tower work or keys
+    are another's."""
     rng = np.random.default_rng(seed)
     ramp = np.linspace(0, 1, size)[None, :, None] * rng.integers(60, 255, 3) + rng.integers(0, 60, 3)
     background = np.broadcast_to(ramp, (size, size, 3)).astype(np.uint8)
-    frames = []
+    side, frames = size // 4, []
     for i in range(int(seconds * source_fps)):
         frame = background.copy()
-        x = (i * 3) % (size - size // 4)
-        frame[size // 3:size // 3 + size // 4, x:x + size // 4] = (255, 40 * (i % 6), 0)
+        x, y = (i * 3) % (size - side), size // 3 + (i // (size - side)) % (size - side - size // 3)
+        frame[y:y + side, x:x + side] = (255, i % 256, (i // 256) * 64 % 256)
         frames.append(frame)
     return frames
 

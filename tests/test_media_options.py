@@ -115,8 +115,9 @@ def test_mm_processor_kwargs_change_the_pixels_and_so_the_keys(server, http):
     _, nearest = _generate(http, text="<image>\nWhat?", image_data=image, mm_processor_kwargs={"resample": 0})
     assert again["meta_info"]["cached_tokens"] == again["meta_info"]["prompt_tokens"] - 1
     assert nearest["meta_info"]["cached_tokens"] < server[0].loaded.config.tokens_per_image
-    status, out = _generate(http, text="<image>\nWhat?", image_data=image, mm_processor_kwargs={"resample": 9})
-    assert status == 400 and "resample" in out["error"]["message"]
+    for bad in (9, "bicubic", 2.5):
+        status, out = _generate(http, text="<image>\nWhat?", image_data=image, mm_processor_kwargs={"resample": bad})
+        assert status == 400 and "resample" in out["error"]["message"], out
 
 
 def test_chat_route_takes_media_io_kwargs(server, http):
@@ -134,3 +135,16 @@ def test_chat_route_takes_media_io_kwargs(server, http):
     r = http.post("/v1/chat/completions", json={"messages": message, "max_tokens": 1,
                                                  "mm_processor_kwargs": {"min_pixels": 4}})
     assert r.status_code == 400 and "mm_processor_kwargs.min_pixels" in r.json()["error"]["message"]
+
+
+def test_upload_takes_the_same_video_options(server, http):
+    tpi = server[0].loaded.config.tokens_per_image
+    files = {"video": ("clip.mkv", lossless_video(6, 12), "video/x-matroska")}
+    counts = []
+    for form in ({"fps": "2"}, {"fps": "2", "max_frames": "3"}):
+        r = http.post("/upload", files=files, data={"prompt": "What?", "max_new_tokens": "1", **form})
+        assert r.status_code == 200, r.text
+        counts.append(r.json()["meta_info"]["prompt_tokens"])
+    assert counts[0] - counts[1] == 3 * tpi  # 6 frames at 2 fps of a 3 s clip, thinned to every 2nd: 3
+    r = http.post("/upload", files=files, data={"prompt": "What?", "num_frames": "-1"})
+    assert r.status_code == 400 and "num_frames" in r.text

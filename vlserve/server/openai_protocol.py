@@ -112,7 +112,7 @@ class MediaIOKwargs(BaseModel):
     video: VideoIOKwargs | None = None
 
 
-ProcessorKwargs = dict[str, Annotated[int | float | str | bool, Field(allow_inf_nan=False)]]
+ProcessorKwargs = dict[str, bool | int | Annotated[float, Field(allow_inf_nan=False)] | str]
 
 
 class MediaFields(BaseModel):

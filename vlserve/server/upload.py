@@ -4,7 +4,8 @@
 
 Fields: prompt (required); image (repeatable) or one video; chat (default true: wrap the prompt in the
 model's chat template; false sends it raw); stream; sampling fields max_new_tokens, temperature,
-top_p, top_k, seed, stop (repeatable), regex, json_schema; video sampling num_frames or fps.
+top_p, top_k, seed, stop (repeatable), regex, json_schema; video sampling num_frames or fps, and
+max_frames (aliases of media_io_kwargs.video's, preprocess/media_options.py).
 """
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
@@ -41,6 +42,7 @@ def upload_router(engine) -> APIRouter:
         json_schema: str = Form(None),
         num_frames: int = Form(None, ge=1, lt=INT32_END),
         fps: float = Form(None, gt=0, le=FLOAT32_MAX, allow_inf_nan=False),
+        max_frames: int = Form(None, ge=1, lt=INT32_END),
     ):
         if len(video) > 1:
             raise APIError(400, f"send at most one video file, got {len(video)}", param="video")
@@ -52,7 +54,8 @@ def upload_router(engine) -> APIRouter:
         text = media_prompt(engine.tokenizer, prompt, len(image), len(video)) if chat else prompt
         job = {"prompt": text, "image_data": [await f.read() for f in image] or None,
                "video_data": [await f.read() for f in video] or None, "sampling_params": params,
-               "fit_max_new_tokens": max_new_tokens is None, "video_num_frames": num_frames, "video_fps": fps}
+               "fit_max_new_tokens": max_new_tokens is None, "video_num_frames": num_frames, "video_fps": fps,
+               "media_io_kwargs": {"video": {"max_frames": max_frames}} if max_frames else None}
         if stream:
             return SSEResponse(native_events(await open_streams(engine, [job])))
         [result] = await cancel_on_disconnect(request, generate_all(engine, [job]))
