@@ -54,3 +54,42 @@ def test_prompt_with_pictures_matches_transformers(tmp_path, arch, layout):
               "image_grid_thw": torch.tensor([i.grid_thw for i in items])}
     ref = hf.generate(**inputs, max_new_tokens=STEPS, do_sample=False, min_new_tokens=STEPS)
     assert out["output_ids"] == ref[0, len(expanded):].tolist()
+
+
+def test_router_key_is_the_engines_radix_key(tmp_path):
+    """The router keys a Qwen-VL request as its engine does: the picture's grid of pseudo tokens."""
+    import base64
+    import json
+
+    from vlserve.router.keys import RouteKeys
+    from vlserve.router.model_files import ModelFiles
+
+    path = make_tiny_qwen_vl(str(tmp_path), "qwen2-vl", seed=1)
+    uri = "data:image/png;base64," + base64.b64encode(_png(97, 61, 3)).decode()
+    body = {"text": "<|vision_start|><|image_pad|><|vision_end|>Describe it.", "image_data": uri}
+    got = RouteKeys(ModelFiles.read(path)).key("/generate", json.dumps(body).encode())
+    with Engine(path, max_total_tokens=1024) as engine:
+        expected = engine.tokenize(prompt=body["text"], image_data=[uri])
+        # 97x61 -> smart_resize 84x56 -> a 4x6 patch grid -> 6 merged tokens
+        assert sum(t >= engine.loaded.config.text.vocab_size for t in expected) == 6
+    assert got == expected
+
+
+def test_triton_path_matches_the_cpu_kernel(tmp_path):
+    """--attention-backend triton (Triton's interpreter without a GPU) gives the torch backend's ids
+    and logits within 1e-4 for a picture prompt, prefill and decode."""
+    path = make_tiny_qwen_vl(str(tmp_path), "qwen2.5-vl", seed=6)
+    prompt = "<|vision_start|><|image_pad|><|vision_end|>What is it?"
+    results = []
+    for backend in ("torch", "triton"):
+        with Engine(path, max_total_tokens=512, attention_backend=backend) as engine:
+            steps = []
+            forward = engine.runner.forward
+            engine.runner.forward = lambda batch: steps.append(forward(batch).clone()) or steps[-1]
+            out = engine.generate(prompt=prompt, image_data=[_png(60, 90, 4)],
+                                  sampling_params={"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+            results.append((out["output_ids"], steps))
+    (ids_cpu, steps_cpu), (ids_triton, steps_triton) = results
+    assert ids_triton == ids_cpu and len(steps_triton) == len(steps_cpu)
+    for a, b in zip(steps_cpu, steps_triton):
+        assert torch.allclose(a, b, atol=1e-4, rtol=0), (a - b).abs().max()
