@@ -153,3 +153,19 @@ def test_videos_sharing_first_frames_share_their_kv(qwen2_vl):
             else:  # the first request; the picture shares only the text before it
                 assert req.cached_tokens == (0 if i == 0 else len(prefix)), (i, req.cached_tokens)
 
+
+
+def test_retracted_requests_keep_their_positions(checkpoint, hf):
+    """A pool too small for the batch's decodes retracts requests; their re-prefill reads the same
+    M-RoPE positions from the request, so every answer still matches transformers."""
+    with Engine(checkpoint, max_total_tokens=160, new_token_ratio=0.0, disable_radix_cache=True) as engine:
+        cfg = engine.loaded.config
+        prompts = _prompts(cfg)
+        retracted = []
+        retract = engine.scheduler._retract
+        engine.scheduler._retract = lambda req: (retracted.append(req.rid), retract(req))
+        reqs = [build_req(ids, media, cfg, STEPS, rid=name) for name, (ids, media) in prompts.items()]
+        _run(engine, reqs)
+        assert retracted, "the pool was large enough that nothing was retracted"
+        for req in reqs:
+            _assert_matches(req, *hf_greedy(hf, hf_inputs(*prompts[req.rid], cfg), STEPS))
