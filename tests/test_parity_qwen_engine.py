@@ -93,3 +93,44 @@ def test_triton_path_matches_the_cpu_kernel(tmp_path):
     assert ids_triton == ids_cpu and len(steps_triton) == len(steps_cpu)
     for a, b in zip(steps_cpu, steps_triton):
         assert torch.allclose(a, b, atol=1e-4, rtol=0), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("arch", ["qwen2-vl", "qwen2.5-vl"])
+def test_prompt_with_a_video_and_a_picture_matches_transformers(tmp_path, arch):
+    """video_data: frames sampled as for every family, paired and patched by the Qwen-VL video
+    processing (Qwen2.5-VL: seconds per pair from the sampled fps), the pad expanded per pair; greedy
+    ids equal transformers' on the same pixels, and prompt_tokens its expanded length."""
+    from transformers import AutoModelForImageTextToText
+
+    from helpers.server_helpers import mp4
+    from vlserve.preprocess import read_video
+    from vlserve.preprocess.qwen_vl_video import QwenVLVideoProcessing, process_sampled_video
+
+    path = make_tiny_qwen_vl(str(tmp_path), arch, seed=3)
+    clip, picture = mp4(num_frames=8, size=64), _png(50, 80, 5)
+    prompt = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>and"
+              "<|vision_start|><|video_pad|><|vision_end|>What happens?<|im_end|>\n<|im_start|>assistant\n")
+    with Engine(path, max_total_tokens=2048) as engine:
+        out = engine.generate(prompt=prompt, image_data=[picture], video_data=[clip], video_num_frames=5,
+                              sampling_params={"max_new_tokens": STEPS, "temperature": 0, "ignore_eos": True})
+        cfg, processing = engine.loaded.config, engine.loaded.image_processing
+        ids = engine.tokenizer(prompt)["input_ids"]
+    image = processing.process(Image.open(io.BytesIO(picture)).convert("RGB"))
+    model_type = cfg.vision_hf_config.model_type.removesuffix("_vision")
+    video = process_sampled_video(QwenVLVideoProcessing(model_type, processing), read_video(clip, num_frames=5))
+    assert len(video.patches) == 3  # 5 frames: the last repeated to make the third pair
+    expanded, types = [], []
+    for t in ids:
+        n, kind = {cfg.image_token_id: (image.num_tokens, 1), cfg.video_token_id: (video.num_tokens, 2)}.get(t, (1, 0))
+        expanded += [t] * n
+        types += [kind] * n
+    assert out["meta_info"]["prompt_tokens"] == len(expanded)
+    inputs = {"input_ids": torch.tensor([expanded]), "mm_token_type_ids": torch.tensor([types]),
+              "pixel_values": torch.from_numpy(image.rows), "image_grid_thw": torch.tensor([image.grid_thw]),
+              "pixel_values_videos": torch.cat([torch.from_numpy(p.rows) for p in video.patches]),
+              "video_grid_thw": torch.tensor([video.grid_thw])}
+    if video.second_per_grid_t is not None:
+        inputs["second_per_grid_ts"] = torch.tensor([video.second_per_grid_t])
+    hf = AutoModelForImageTextToText.from_pretrained(path).eval()
+    ref = hf.generate(**inputs, max_new_tokens=STEPS, do_sample=False, min_new_tokens=STEPS)
+    assert out["output_ids"] == ref[0, len(expanded):].tolist()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from vlserve.core.errors import InvalidRequest
 from vlserve.core.request import ImageSpan
 from vlserve.engine.prompt import tokenize_text
-from vlserve.preprocess import ProcessedImage, check_image_count, pad_values
+from vlserve.preprocess import ProcessedImage, check_image_count, pad_values, read_video
 
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 IMAGE_WRAPPER = VISION_START + "<|image_pad|>" + VISION_END
@@ -65,26 +65,47 @@ def expand_qwen_media(ids: list[int], image_token_id: int, video_token_id: int, 
     return out, spans
 
 
-def qwen_expanded(builder, prompt: str | None, input_ids: list[int] | None, image_data: list, video_data: list
+def qwen_expanded(builder, prompt: str | None, input_ids: list[int] | None, image_data: list, video_data: list,
+                  video_num_frames: int | None = None, video_fps: float | None = None
                   ) -> tuple[list[int], list[ImageSpan]]:
     """RequestBuilder's tokens for a Qwen-VL model: the prompt as the chat template wrote it (one
-    `<|vision_start|><|image_pad|><|vision_end|>` per picture; pictures without one are put first,
-    as `<image>` markers are for LLaVA), each picture through the checkpoint's Qwen-VL processing."""
+    `<|vision_start|><|image_pad|><|vision_end|>` per picture, `…<|video_pad|>…` per video; media
+    without one are put first, as `<image>` markers are for LLaVA), each picture through the
+    checkpoint's Qwen-VL processing, each video sampled as for the other families and made frame
+    pairs by its Qwen-VL video processing."""
     cfg = builder.config
-    if video_data:
-        raise InvalidRequest("video_data is not served for Qwen-VL models yet (pictures are)", param="video_data")
     check_image_count(len(image_data), builder.limits)
     images = [builder.image_cache.prepare_image(src, builder.processing, builder.limits) for src in image_data]
+    videos = [_video_pad(builder, src, video_num_frames, video_fps) for src in video_data]
     if prompt is not None:
         if not isinstance(prompt, str):
             raise InvalidRequest("prompt must be a string")
         ids = tokenize_text(builder.tokenizer, prompt)
-        missing = len(images) - ids.count(cfg.image_token_id)
-        if missing > 0:
-            ids = tokenize_text(builder.tokenizer, IMAGE_WRAPPER * missing + prompt)
+        missing_images = max(0, len(images) - ids.count(cfg.image_token_id))
+        missing_videos = max(0, len(videos) - ids.count(cfg.video_token_id))
+        if missing_images or missing_videos:
+            ids = tokenize_text(builder.tokenizer, IMAGE_WRAPPER * missing_images + VIDEO_WRAPPER * missing_videos
+                                + prompt)
     else:
         vocab = cfg.text.vocab_size
         if not (isinstance(input_ids, list) and all(isinstance(t, int) and 0 <= t < vocab for t in input_ids)):
             raise InvalidRequest(f"input_ids must be a list of token ids in [0, {vocab})")
         ids = list(input_ids)
-    return expand_qwen_media(ids, cfg.image_token_id, cfg.video_token_id, images, [], cfg.image_tokens)
+    return expand_qwen_media(ids, cfg.image_token_id, cfg.video_token_id, images, videos, cfg.image_tokens)
+
+
+def _video_pad(builder, source, num_frames: int | None, fps: float | None) -> VideoPad:
+    """One video as Qwen2-VL / Qwen2.5-VL take it: frames sampled as for every family (num_frames or
+    fps, else the server's default count), then paired and patched with the picture settings, which
+    these checkpoints' videos inherit (they publish no video_preprocessor_config.json)."""
+    from vlserve.preprocess.qwen_vl_video import QwenVLVideoProcessing, process_sampled_video
+
+    if builder.config.text.mrope_interleaved:
+        raise InvalidRequest("video_data is not served for Qwen3-VL models yet: their video processor settings "
+                             "(video_preprocessor_config.json) are not read; pictures are", param="video_data")
+    model_type = builder.config.vision_hf_config.model_type.removesuffix("_vision")
+    if fps is None or num_frames is not None:
+        num_frames = num_frames or builder.video_frames
+    sampled = read_video(source, builder.limits, num_frames, fps)
+    video = process_sampled_video(QwenVLVideoProcessing(model_type, builder.processing), sampled)
+    return VideoPad(list(video.patches), video.second_per_grid_t)
