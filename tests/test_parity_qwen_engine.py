@@ -75,6 +75,7 @@ def test_router_key_is_the_engines_radix_key(tmp_path):
     assert got == expected
 
 
+@pytest.mark.slow
 def test_triton_path_matches_the_cpu_kernel(tmp_path):
     """--attention-backend triton (Triton's interpreter without a GPU) gives the torch backend's ids
     and logits within 1e-4 for a picture prompt, prefill and decode."""
