@@ -99,6 +99,14 @@ class AnyresProcessing:
     def for_image_count(self, n: int):
         return self.multi_image if n > 1 and self.multi_image is not None else self
 
+    @property
+    def mm_processor_keys(self) -> frozenset[str]:
+        return self.views.mm_processor_keys
+
+    def with_mm_kwargs(self, **kwargs) -> "AnyresProcessing":
+        multi = self.multi_image.with_mm_kwargs(**kwargs) if self.multi_image is not None else None
+        return replace(self, views=self.views.with_mm_kwargs(**kwargs), multi_image=multi)
+
     def process_frames(self, frames: list[Image.Image]) -> list[ProcessedImage]:
         if self.pooled_frames:
             return PooledVideoProcessing(self.views).process_frames(frames)

@@ -7,13 +7,16 @@ otherwise (about 14 ms for the benchmarks' 8-frame clip, a tenth of the first fo
 A bounded LRU keyed by xxh3_128 of the raw bytes plus everything else that shapes the result: the
 processing config and the limits (a hit must not dodge a stricter limit than the one it was
 decoded under), and for a video the frame sampling asked for. Bounded by the bytes of pixel_values
-it holds. Thread-safe: the engine's media pool calls it from several threads; two threads missing
-on the same bytes at once both decode, and the second result simply replaces the first (they are
-equal).
+it holds. Thread-safe: the engine's media pool calls it from several threads. Each item is processed
+once: threads missing on the same key while it is being processed wait for that result (or its
+error) instead of decoding it again; `on_process(kind)` is called once per item actually processed
+("image" or "video"; the engine counts them in vlserve_media_decodes_total).
 """
 
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Callable
 
 import xxhash
 from PIL import Image
@@ -28,10 +31,11 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # ~190 images at 336 px (1.35 MB of fp32 
 
 
 class ProcessedImageCache:
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES):
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, on_process: Callable[[str], None] | None = None):
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = max_bytes
+        self.max_bytes, self.on_process = max_bytes, on_process
+        self._in_flight: dict[tuple, Future] = {}  # keys being processed now, by the thread that missed first
         # an image's entry is its ProcessedImage; a video's, the tuple of its frames'
         self._entries: OrderedDict[tuple, ProcessedImage | tuple[ProcessedImage, ...]] = OrderedDict()
         self._bytes = 0
@@ -46,35 +50,56 @@ class ProcessedImageCache:
             return process_image(load_image(source, limits), processing)
         data = read_source_bytes(source, limits, "max_image_bytes", "image")
         key = (xxhash.xxh3_128_digest(data), len(data), processing, limits.max_image_pixels)
-        found = self.get(key)
-        if found is not None:
-            return found
-        image = process_image(decode_image(data, limits), processing)
-        self.put(key, image)
-        return image
+        return self._once(key, "image", lambda: process_image(decode_image(data, limits), processing))
 
     def prepare_video(self, source: MediaSource, processing, limits: MediaLimits = MediaLimits(),
-                      num_frames: int | None = None, fps: float | None = None) -> list[ProcessedImage]:
+                      num_frames: int | None = None, fps: float | None = None,
+                      max_frames: int | None = None) -> list[ProcessedImage]:
         """Same result as preprocess.prepare_video; decodes only bytes not seen recently with the same
         frame sampling."""
         data = read_source_bytes(source, limits, "video_max_bytes", "video")
-        key = ("video", xxhash.xxh3_128_digest(data), len(data), processing, limits, num_frames, fps)
-        found = self.get(key)
-        if found is not None:
-            return list(found)
-        frames = prepare_video(data, processing, limits, num_frames, fps)
-        self.put(key, tuple(frames))
-        return frames
+        key = ("video", xxhash.xxh3_128_digest(data), len(data), processing, limits, num_frames, fps, max_frames)
+        return list(self._once(key, "video",
+                               lambda: tuple(prepare_video(data, processing, limits, num_frames, fps, max_frames))))
+
+    def _once(self, key: tuple, kind: str, process: Callable[[], ProcessedImage | tuple[ProcessedImage, ...]]):
+        """The entry for key: cached, being processed by another thread (wait for it), or processed here."""
+        with self._lock:
+            found = self._get_locked(key)
+            if found is not None:
+                return found
+            flight = self._in_flight.get(key)
+            leader = flight is None
+            if leader:
+                flight = self._in_flight[key] = Future()
+        if not leader:
+            return flight.result()  # the leader's result, or its MediaError raised here too
+        try:
+            entry = process()
+            if self.on_process is not None:
+                self.on_process(kind)
+            self.put(key, entry)
+            flight.set_result(entry)
+            return entry
+        except BaseException as e:
+            flight.set_exception(e)
+            raise
+        finally:
+            with self._lock:
+                del self._in_flight[key]
 
     def get(self, key: tuple) -> ProcessedImage | tuple[ProcessedImage, ...] | None:
         with self._lock:
-            image = self._entries.get(key)
-            if image is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return image
+            return self._get_locked(key)
+
+    def _get_locked(self, key: tuple) -> ProcessedImage | tuple[ProcessedImage, ...] | None:
+        image = self._entries.get(key)
+        if image is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return image
 
     def put(self, key: tuple, entry: ProcessedImage | tuple[ProcessedImage, ...]) -> None:
         images = entry if isinstance(entry, tuple) else (entry,)

@@ -5,7 +5,7 @@ centre-crop offsets, rescale in float64 then cast to float32, normalise in float
 matches CLIPImageProcessor / LlavaImageProcessor / SiglipImageProcessor (their PIL backends) bit for bit.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 IMAGENET_STANDARD_MEAN = (0.5, 0.5, 0.5)
 IMAGENET_STANDARD_STD = (0.5, 0.5, 0.5)
 PIL_BICUBIC = 3
+MM_PROCESSOR_KEYS = frozenset({"resample"})
 
 # What a processor class assumes for the keys its saved config leaves out (transformers' class
 # attributes), by the image_processor_type prefix; CLIP's (the dataclass defaults) otherwise.
@@ -105,6 +106,19 @@ class ImageProcessing:
     def process(self, image: Image.Image) -> ProcessedImage:
         pixels = self(image)
         return ProcessedImage(pixels, content_hash(pixels))
+
+    @property
+    def mm_processor_keys(self) -> frozenset[str]:
+        """The mm_processor_kwargs a request may give (transformers' call-time kwargs that keep the
+        tower's input shape: every CLIP / SigLIP / LLaVA image processor takes `resample`)."""
+        return MM_PROCESSOR_KEYS
+
+    def with_mm_kwargs(self, **kwargs) -> "ImageProcessing":
+        """This processing with a request's mm_processor_kwargs; ValueError names a bad value."""
+        resample = kwargs.get("resample", self.resample)
+        if not isinstance(resample, int) or isinstance(resample, bool):
+            raise ValueError(f"resample must be a PIL resampling code 0..5, got {resample!r}")
+        return replace(self, **kwargs)
 
     def for_image_count(self, n: int) -> "ImageProcessing":
         """The processing for each image of a prompt with n images (the same, whatever n)."""

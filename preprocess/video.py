@@ -14,12 +14,12 @@ import math
 from dataclasses import dataclass, replace
 
 import av
-import numpy as np
 from PIL import Image
 
 from .errors import MediaError
 from .image_loader import to_rgb
 from .limits import MediaLimits, check_over
+from .media_options import VideoSampling
 from .sources import MediaSource, read_source_bytes
 
 DEFAULT_NUM_FRAMES = 8  # when neither num_frames nor fps is given
@@ -46,18 +46,21 @@ class SampledVideo:
 
 
 def load_video(source: MediaSource, limits: MediaLimits = MediaLimits(),
-               num_frames: int | None = None, fps: float | None = None) -> list[Image.Image]:
-    return read_video(source, limits, num_frames, fps).frames
+               num_frames: int | None = None, fps: float | None = None,
+               max_frames: int | None = None) -> list[Image.Image]:
+    return read_video(source, limits, num_frames, fps, max_frames).frames
 
 
 def read_video(source: MediaSource, limits: MediaLimits = MediaLimits(),
-               num_frames: int | None = None, fps: float | None = None) -> SampledVideo:
-    num_frames = check_sampling(num_frames, fps, limits)
+               num_frames: int | None = None, fps: float | None = None,
+               max_frames: int | None = None) -> SampledVideo:
+    """max_frames caps either sampling (preprocess/media_options.py, VideoSampling)."""
+    num_frames = check_sampling(num_frames, fps, limits, max_frames)
     data = read_source_bytes(source, limits, "video_max_bytes", "video")
     container_format = sniff_container(data)
     try:
         probe = _probe(data, container_format, limits)
-        indices = sample_indices(probe.total_frames, probe.source_fps, num_frames, fps)
+        indices = sample_indices(probe.total_frames, probe.source_fps, num_frames, fps, max_frames)
         if fps is not None:
             check_over(f"sampling fps={fps} from a {probe.duration_s:.3f} s video", len(indices), "frames",
                        limits, "video_max_frames")
@@ -92,7 +95,8 @@ def _probe(data: bytes, container_format: str, limits: MediaLimits) -> VideoInfo
                       _source_fps(stream, total, duration), duration, total, counted)
 
 
-def check_sampling(num_frames: int | None, fps: float | None, limits: MediaLimits) -> int | None:
+def check_sampling(num_frames: int | None, fps: float | None, limits: MediaLimits,
+                   max_frames: int | None = None) -> int | None:
     """The num_frames to use (None when sampling by fps); MediaError on bad or conflicting arguments."""
     if num_frames is not None and fps is not None:
         raise MediaError(f"give either num_frames or fps, not both (num_frames={num_frames}, fps={fps})")
@@ -104,21 +108,17 @@ def check_sampling(num_frames: int | None, fps: float | None, limits: MediaLimit
         num_frames = min(DEFAULT_NUM_FRAMES, limits.video_max_frames)
     if not isinstance(num_frames, int) or isinstance(num_frames, bool) or num_frames < 1:
         raise MediaError(f"num_frames must be a positive integer, got {num_frames!r}")
-    check_over("request", num_frames, "frames (num_frames)", limits, "video_max_frames")
+    check_over("request", min(num_frames, max_frames or num_frames), "frames (num_frames)", limits,
+               "video_max_frames")
     return num_frames
 
 
-def sample_indices(total: int, source_fps: float, num_frames: int | None, fps: float | None) -> list[int]:
+def sample_indices(total: int, source_fps: float, num_frames: int | None, fps: float | None,
+                   max_frames: int | None = None) -> list[int]:
     """Frame indices to keep: `num_frames` spread evenly over [0, total-1] (first and last included;
-    all frames if the video has fewer), or one every source_fps/fps frames starting at frame 0."""
-    if fps is not None:
-        step = source_fps / fps
-        if step <= 1:
-            return list(range(total))
-        return [int(k * step) for k in range(math.ceil(total / step))]
-    if num_frames >= total:
-        return list(range(total))
-    return [int(i) for i in np.linspace(0, total - 1, num_frames).round()]
+    all frames if the video has fewer), or one every source_fps/fps frames starting at frame 0
+    (thinned to at most max_frames, on the same timestamps)."""
+    return VideoSampling(num_frames, fps, max_frames).indices(total, source_fps)
 
 
 def sniff_container(data: bytes) -> str:

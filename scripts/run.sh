@@ -18,8 +18,18 @@ PY=${PYTHON:-python3}
 # RuntimeEndpoint need beside torch and triton.
 SGLANG_CLIENT="sglang==0.5.23"
 SGLANG_CLIENT_DEPS="orjson psutil pybase64 msgspec pyzmq ipython aiohttp requests"
+# llm-compressor, which tests/test_quantized_checkpoints.py runs to write compressed-tensors checkpoints
+# and to load them in transformers as the reference: it pins transformers and compressed-tensors older
+# than vlserve's, so it has a virtual environment of its own (VLSERVE_LLMC_VENV), torch as above.
+LLMC_VENV=${VLSERVE_LLMC_VENV:-.venv-llmc}
+LLMCOMPRESSOR="llmcompressor==0.14.0.1"
 
 setup() {
+  setup_vlserve
+  setup_llmc
+}
+
+setup_vlserve() {
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   local pip="$VENV/bin/python -m pip"
   local stamp="$VENV/.vlserve-installed" want
@@ -32,6 +42,15 @@ setup() {
   $pip install -q -e ".[dev]"
   $pip install -q $SGLANG_CLIENT_DEPS
   $pip install -q --no-deps "$SGLANG_CLIENT"
+  echo "$want" > "$stamp"
+}
+
+setup_llmc() {
+  local stamp="$LLMC_VENV/.vlserve-installed" want="torch==2.13.0 $LLMCOMPRESSOR"
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
+  [ -x "$LLMC_VENV/bin/python" ] || "$PY" -m venv "$LLMC_VENV"
+  "$LLMC_VENV/bin/python" -m pip install -q "torch==2.13.0" ${VLSERVE_TORCH_INDEX:+--index-url "$VLSERVE_TORCH_INDEX"}
+  "$LLMC_VENV/bin/python" -m pip install -q "$LLMCOMPRESSOR"
   echo "$want" > "$stamp"
 }
 

@@ -57,6 +57,11 @@ class Metrics:
                                           "Images run through the vision tower")
         self.vision_cache_hits = make(Counter, "vlserve_vision_cache_hits",
                                       "Images whose embedding came from the vision cache")
+        self.vision_tower_runs = make(Counter, "vlserve_vision_tower_runs",
+                                      "Vision tower forwards (each encodes one step's images in one batch)")
+        self.media_decodes = make(Counter, "vlserve_media_decodes",
+                                  "Media items decoded, resized and hashed (each item once, however many "
+                                  "requests carry it at a time)", ["kind"])
         self.waiting = make(Gauge, "vlserve_num_waiting_requests", "Requests in the waiting queue")
         self.running = make(Gauge, "vlserve_num_running_requests", "Requests admitted and running")
         self.ttft = hist("vlserve_time_to_first_token_seconds", "Time to first token")

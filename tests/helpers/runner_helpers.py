@@ -4,6 +4,7 @@ token per request per step — how the parity tests compare the paged model with
 import torch
 
 from vlserve.core.forward_batch import ExtendSlice, build_forward_batch
+from vlserve.testing.compressed_reference import greedy_logits
 
 
 def batched_logits(runner, cfg, prompts, pixels, steps: int, choose, image_sizes=None) -> list[list]:
@@ -55,16 +56,7 @@ def parity_prompts(cfg, vocab, gen):
 
 def hf_greedy_logits(hf, ids, pixels, steps):
     """Per-request reference: logits of the prompt's last token, then of each greedy decode step."""
-    out, past, logits_seq = None, None, []
-    input_ids = torch.tensor([ids])
-    for step in range(steps + 1):
-        kwargs = {"pixel_values": pixels} if step == 0 and pixels is not None else {}
-        out = hf(input_ids=input_ids, past_key_values=past, use_cache=True, **kwargs)
-        past = out.past_key_values
-        logits = out.logits[0, -1].float()
-        logits_seq.append(logits)
-        input_ids = logits.argmax().view(1, 1)
-    return logits_seq
+    return list(greedy_logits(hf, ids, pixels, steps))
 
 
 def assert_runner_matches_transformers(checkpoint: str, page_size: int, steps: int = 32) -> None:

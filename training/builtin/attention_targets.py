@@ -36,6 +36,7 @@ KEYWORD_LAYER = 1
 KEYWORD_HEAD = 0
 KEYWORDS = re.compile(r"\b(" + "|".join([*scenes.SHAPES, *scenes.COLOURS, "start", "beginning", "first",
                                          "end", "last"]) + r")s?\b")
+NUMBERS = "|".join(f"[{w[0].upper()}{w[0]}]{w[1:]}" for w in list(scenes.NUMBER_WORDS.values())[2:])  # Two|...
 MIN_COVER = 1 / 8  # a patch belongs to a shape that covers this fraction of it
 
 
@@ -112,7 +113,7 @@ def caption_phrases(scene: scenes.Scene, caption: str) -> list[tuple[int, int, l
     centres = scenes.centroids(scene.masks[0], len(shapes))
     out = []
     for colour, shape, ks in scenes.caption_groups(shapes, centres):
-        m = re.search(rf"\b(?:[Aa]n?|[Tt]wo|[Tt]hree|[Ff]our) {colour} {shape}s?\b", caption)
+        m = re.search(rf"\b(?:[Aa]n?|{NUMBERS}) {colour} {shape}s?\b", caption)
         if m:
             out.append((m.start(), m.end(), ks))
     return out

@@ -5,6 +5,8 @@
     python -m training.builtin.evaluate --blank                      # every image replaced by a blank one
     python -m training.builtin.evaluate --kind outside               # pictures with no known shape
     python -m training.builtin.evaluate --kind image --shots 2       # two worked examples before each question
+    python -m training.builtin.evaluate --kind typed                 # typed.py: crowded, relations, typed phrasing
+    python -m training.builtin.evaluate --set both                   # and the independent set (independent_set.py)
 
 A backend is any `generate_fn(prompts, images) -> answers`: `prompts[i]` is the chat-templated text
 with one `<image>` per image (a video is its frames, one `<image>` each) and `images[i]` the PIL images
@@ -23,7 +25,8 @@ from typing import Callable
 
 from PIL import Image
 
-from vlserve.builtin import scenes
+from training.builtin import independent_set
+from vlserve.builtin import scenes, typed
 from vlserve.builtin.answers import is_correct
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
@@ -33,12 +36,15 @@ DEFAULT_MODEL = BUILTIN_MODEL_DIR
 MAX_NEW_TOKENS = 24
 QTYPE_GROUPS = (("image", scenes.IMAGE_QTYPES), ("video", scenes.VIDEO_QTYPES),
                 ("outside", (scenes.OUTSIDE_QTYPE,)))
+TYPED_GROUPS = (("typed", typed.QTYPES),)
+INDEPENDENT_GROUPS = (("independent", independent_set.QTYPES), ("slice", ("crowded", "wide", "tall", "square")))
 
 
 @dataclass
 class Report:
     correct: Counter
     total: Counter
+    groups: tuple = QTYPE_GROUPS
 
     def accuracy(self, qtype: str) -> float:
         return self.correct[qtype] / self.total[qtype] if self.total[qtype] else float("nan")
@@ -49,12 +55,12 @@ class Report:
 
     def table(self) -> str:
         lines = [f"{'question type':<14} {'accuracy':>8} {'n':>5}"]
-        for group, qtypes in QTYPE_GROUPS:
+        for group, qtypes in self.groups:
             present = [q for q in qtypes if self.total[q]]
             if not present:
                 continue
             lines += [f"{q:<14} {self.accuracy(q):>8.1%} {self.total[q]:>5}" for q in present]
-            if len(present) > 1:
+            if len(present) > 1 and group != "slice":
                 total = sum(self.total[q] for q in present)
                 lines.append(f"{group + ' overall':<14} {self.overall(present):>8.1%} {total:>5}")
         return "\n".join(lines)
@@ -106,6 +112,23 @@ def evaluate(generate_fn: GenerateFn, samples: list[scenes.Sample], tokenizer, b
         total[s.qtype] += 1
         correct[s.qtype] += is_correct(s.qtype, a, s.answer)
     return Report(correct, total)
+
+
+def evaluate_independent(generate_fn: GenerateFn, tokenizer, seed: int = 49) -> tuple[Report, list[tuple]]:
+    """Accuracy on the independent set per question type, and per slice (crowded pictures, wide,
+    tall and square canvases) as extra rows; also every miss as (item, answer)."""
+    items = independent_set.build(seed)
+    answers = generate_fn([prompt_for(it.question, len(it.images), tokenizer) for it in items],
+                          [it.images for it in items])
+    correct, total, misses = Counter(), Counter(), []
+    for it, a in zip(items, answers):
+        right = independent_set.is_right(it, a)
+        for key in (it.qtype, *it.tags):
+            total[key] += 1
+            correct[key] += right
+        if not right:
+            misses.append((it, a))
+    return Report(correct, total, INDEPENDENT_GROUPS), misses
 
 
 # ---------------------------------------------------------------- backends
@@ -168,22 +191,38 @@ def main() -> None:
     p.add_argument("--model", default=str(DEFAULT_MODEL))
     p.add_argument("--n", type=int, default=500, help="questions per kind (image, video, outside)")
     p.add_argument("--seed", type=int, default=12345, help="held-out seed (training uses small seeds)")
-    p.add_argument("--kind", choices=("image", "video", "outside", "all"), default="all")
+    p.add_argument("--kind", choices=("image", "video", "outside", "all", "typed"), default="all",
+                   help="all: image, video and outside; typed: typed.py's questions, its types in equal shares")
     p.add_argument("--backend", choices=tuple(BACKENDS), default="transformers")
     p.add_argument("--blank", action="store_true", help="replace every image by a blank one")
     p.add_argument("--shots", type=int, default=0,
                    help="worked examples (another picture, a question, its answer) before each question")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--set", choices=("generator", "independent", "both"), default="generator",
+                   help="the generator's questions (--n, --seed, --kind), the independent set, or both")
+    p.add_argument("--show-misses", action="store_true", help="print the independent set's wrong answers")
     a = p.parse_args()
     import torch
 
     torch.set_num_threads(a.threads)
     generate_fn, tokenizer = BACKENDS[a.backend](a.model)
+    if a.set != "generator":
+        report, misses = evaluate_independent(generate_fn, tokenizer)
+        print(f"model {a.model}  backend {a.backend}  independent set ({report.overall(independent_set.QTYPES):.1%})")
+        print(report.table())
+        if a.show_misses:
+            for it, answer in misses:
+                print(f"  [{it.qtype}] {it.question!r} -> {answer!r} (expected {it.answer!r})")
+        if a.set == "independent":
+            return
     kinds = ("image", "video", "outside") if a.kind == "all" else (a.kind,)
-    data = [s for i, k in enumerate(kinds) for s in scenes.samples(a.n, a.seed + i, k)]
+    data = [s for i, k in enumerate(kinds)
+            for s in (typed.samples(a.n, a.seed) if k == "typed" else scenes.samples(a.n, a.seed + i, k))]
     if a.shots:
         data = with_shots(data, a.shots, a.seed + 100)
     report = evaluate(generate_fn, data, tokenizer, blank=a.blank)
+    if a.kind == "typed":
+        report.groups = TYPED_GROUPS
     print(f"model {a.model}  backend {a.backend}  seed {a.seed}  n {a.n}/kind"
           f"{f'  {a.shots} shots' if a.shots else ''}{'  BLANK images' if a.blank else ''}")
     print(report.table())

@@ -70,7 +70,7 @@ from transformers import (
 )
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
-from vlserve.builtin import scenes
+from vlserve.builtin import scenes, typed
 from training.builtin.attention_targets import (
     KEYWORD_LAYER, RETRIEVAL_LAYER, AttentionBatch, AttentionTarget, Turn, turn_targets,
 )
@@ -85,7 +85,7 @@ IMAGE_SIZE = 96  # the shipped checkpoint's input (run 6); 64 px (16 tokens) los
 QTYPE_WEIGHT = {
     "colour": 1.0, "shape": 1.0, "count": 3.0, "position": 3.5, "exists": 2.0, "caption": 3.0,
     "direction": 4.5, "first_colour": 2.0, "last_colour": 2.0, "appears": 1.0, "event": 2.0,
-    scenes.OUTSIDE_QTYPE: 1.0,
+    scenes.OUTSIDE_QTYPE: 1.0, typed.RELATION_QTYPE: 2.0,
 }
 MULTI_OBJECT_BOOST = 2.0  # colour/shape of one shape among several: the binding case
 # How much likelier a question type is to be among a sequence's turns: direction exists only for
@@ -136,6 +136,7 @@ class TrainArgs:
     qtype_weight: dict[str, float] = field(default_factory=dict)  # overrides of QTYPE_WEIGHT
     turn_priority: dict[str, float] = field(default_factory=dict)  # overrides of TURN_PRIORITY
     multi_scene_share: float = 0.0  # of the image batches: few-shot rows, a new picture every turn
+    typed_share: float = 0.0  # of the scenes: typed.py's (crowded, relations, out-of-world questions, typed phrasing)
 
 
 # ---------------------------------------------------------------- model and processor
@@ -487,10 +488,17 @@ def lr_at(step: int, total: int, args: TrainArgs) -> float:
 
 
 def eval_batches(maker: BatchMaker, seed: int, n_images: int = 200, n_videos: int = 120,
-                 n_outside: int = 30) -> list[Batch]:
-    """Held-out single-question batches (a seed the training stream never uses)."""
+                 n_outside: int = 30, n_typed: int = 0) -> list[Batch]:
+    """Held-out single-question batches (a seed the training stream never uses); `n_typed` typed
+    scenes (typed.py) are logged as "typed_<qtype>"."""
     rng = random.Random(seed)
     out = []
+    typed_rng = random.Random(seed + 1)
+    for i in range(0, n_typed, 50):
+        batch = maker.make([typed.typed_scene(typed_rng) for _ in range(min(50, n_typed - i))], max_turns=1,
+                           priority=False)
+        batch.qtypes = [[("typed_" + q, a, b) for q, a, b in spans] for spans in batch.qtypes]
+        out.append(batch)
     image_scenes = [scenes.image_scene(rng) for _ in range(n_images)]
     for i in range(0, n_images, 50):
         out.append(maker.make(image_scenes[i: i + 50], max_turns=1, priority=False))
@@ -531,8 +539,16 @@ def evaluate_batches(model, batches: list[Batch], aux: AuxHead | None = None) ->
     return {k: c / n for k, (c, n) in sorted(tally.items())}
 
 
-def image_or_outside(rng: random.Random) -> scenes.Scene:
+def image_or_outside(rng: random.Random, typed_share: float = 0.0) -> scenes.Scene:
+    if typed_share and rng.random() < typed_share:  # no draw at 0: the plain recipe's stream is unchanged
+        return typed.typed_outside_scene(rng) if rng.random() < OUTSIDE_SHARE else typed.typed_scene(rng)
     return scenes.outside_scene(rng) if rng.random() < OUTSIDE_SHARE else scenes.image_scene(rng)
+
+
+def a_video(rng: random.Random, n_frames: int, typed_share: float = 0.0) -> scenes.Scene:
+    if typed_share and rng.random() < typed_share:
+        return typed.typed_video_scene(rng, n_frames)
+    return scenes.video_scene(rng, n_frames)
 
 
 def vision_warmup(model, aux: AuxHead, maker: BatchMaker, args: TrainArgs, rng: random.Random) -> None:
@@ -584,7 +600,7 @@ def train(args: TrainArgs) -> None:
     n_params = sum(p.numel() for p in model.parameters())
 
     maker = BatchMaker(tokenizer, processor, args.seed, grid, args.qtype_weight, args.turn_priority)
-    held_out = eval_batches(maker, seed=args.seed + 10_000)
+    held_out = eval_batches(maker, seed=args.seed + 10_000, n_typed=200 if args.typed_share else 0)
     data_rng = random.Random(args.seed)
 
     def next_batch(step: int) -> Batch:
@@ -592,7 +608,7 @@ def train(args: TrainArgs) -> None:
             # Every question of a video (about four) in one sequence: 32-128 image tokens carry
             # four answers instead of two and a half.
             n_frames = data_rng.randint(4, 8)
-            return maker.make([scenes.video_scene(data_rng, n_frames) for _ in range(args.batch_videos)],
+            return maker.make([a_video(data_rng, n_frames, args.typed_share) for _ in range(args.batch_videos)],
                               turns=MAX_TURNS)
         def rows_of(row_tokens: int) -> int:  # as many rows as make a batch of MAX_TURNS-turn rows' tokens
             return round(args.batch_images * (IMAGE_ROW_BASE + MAX_TURNS * IMAGE_ROW_PER_TURN) / row_tokens)
@@ -600,10 +616,11 @@ def train(args: TrainArgs) -> None:
         if data_rng.random() < args.multi_scene_share:
             k = data_rng.choice(MULTI_SCENES)  # k pictures, one turn each
             n = rows_of(k * (IMAGE_ROW_BASE + IMAGE_ROW_PER_TURN))
-            return maker.make_multi([[image_or_outside(data_rng) for _ in range(k)] for _ in range(n)])
+            return maker.make_multi([[image_or_outside(data_rng, args.typed_share) for _ in range(k)]
+                                     for _ in range(n)])
         k = data_rng.randint(1, MAX_TURNS)
-        return maker.make([image_or_outside(data_rng) for _ in range(rows_of(IMAGE_ROW_BASE + k * IMAGE_ROW_PER_TURN))],
-                          turns=k)
+        rows = rows_of(IMAGE_ROW_BASE + k * IMAGE_ROW_PER_TURN)
+        return maker.make([image_or_outside(data_rng, args.typed_share) for _ in range(rows)], turns=k)
 
     vision_warmup(model, aux, maker, args, random.Random(args.seed + 1))
     total = args.steps or 10 ** 9
@@ -690,6 +707,9 @@ def main() -> None:
                    help="stop and save after this many steps of the --steps schedule (a first stage)")
     p.add_argument("--multi-scene-share", type=float, default=0.0,
                    help="share of image batches whose rows bring a new picture every turn (few-shot prompts)")
+    p.add_argument("--typed-share", type=float, default=0.0,
+                   help="share of scenes from vlserve/builtin/typed.py (crowded, relations, out-of-world, "
+                        "typed phrasing)")
     p.add_argument("--qtype-weight", nargs="+", default=[], metavar="QTYPE=W",
                    help="loss weight of a question type's answers, overriding QTYPE_WEIGHT")
     p.add_argument("--turn-priority", nargs="+", default=[], metavar="QTYPE=W",
@@ -702,6 +722,7 @@ def main() -> None:
                     image_size=a.image_size,
                     vision_warmup=a.vision_warmup, text_layers=a.text_layers, init=a.init,
                     cpu_minutes=a.cpu_minutes, stop_after=a.stop_after, multi_scene_share=a.multi_scene_share,
+                    typed_share=a.typed_share,
                     qtype_weight=_overrides(p, a.qtype_weight, QTYPE_WEIGHT),
                     turn_priority=_overrides(p, a.turn_priority, QTYPE_WEIGHT)))
 

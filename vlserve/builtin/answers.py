@@ -13,7 +13,8 @@ from collections import Counter
 from vlserve.builtin import scenes
 
 _NUMBERS = {word: str(n) for n, word in scenes.NUMBER_WORDS.items()} | {"zero": "0", "no": "0"}
-_PAIR = re.compile(r"\b(?:(a|an|one|two|three|four)\s+)?(" + "|".join(scenes.COLOURS) + r")\s+("
+_PAIR = re.compile(r"\b(?:(a|an|" + "|".join(list(scenes.NUMBER_WORDS.values())[1:]) + r")\s+)?("
+                   + "|".join(scenes.COLOURS) + r")\s+("
                    + "|".join(scenes.SHAPES) + r")s?\b")
 _FILLER = re.compile(r"^(?:(?:it is|it's|there (?:is|are)|on the|at the|in the|an|a)\s+)+")
 _CANNOT_TELL = scenes.CANNOT_TELL.lower().rstrip(".")

@@ -52,7 +52,7 @@ OUTSIDE_QTYPE = "outside"
 CANNOT_TELL = "I can only see circles, squares and triangles."
 
 CANVAS = 128  # side of the label masks: the model's view (the processor's crop), resampled to the patch grid
-NUMBER_WORDS = {0: "none", 1: "one", 2: "two", 3: "three", 4: "four"}
+NUMBER_WORDS = {0: "none", 1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}  # typed.py draws 5-6
 MIN_VISIBLE = 0.7  # a shape partly covered by a later one keeps at least this share of its area
 
 

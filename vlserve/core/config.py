@@ -68,6 +68,10 @@ class EngineArgs(CLIArgs):
     nnodes: int = _opt(1, "machines the tensor-parallel ranks span (tp_size / nnodes ranks on each)")
     node_rank: int = _opt(0, "this machine's index among --nnodes; node 0 serves, the others only run ranks")
     chunked_prefill_size: int = 2048
+    max_num_encoder_input_tokens: int | None = _opt(None, "vision tokens (image and frame placeholders) whose "
+                                                          "tower work one step may start; a long video is encoded "
+                                                          "over several steps (default: no cap beyond "
+                                                          "--chunked-prefill-size)")
     max_running_requests: int = 128
     max_waiting_requests: int = _opt(1024, "waiting-queue length past which requests get 503")
     context_length: int | None = None
@@ -76,6 +80,7 @@ class EngineArgs(CLIArgs):
     device: str | None = None
     vision_cache_mb: float = 256.0
     video_frames: int | None = _opt(None, "frames sampled per video (default: 8)")
+    video_max_frames: int = _opt(64, "frames one video may be sampled to (a request asking for more gets a 400)")
     allowed_media_path: str | None = _opt(None, "directory local media paths may be read from")
     allow_url_fetch: bool = _opt(False, "let requests name http(s) media URLs (public addresses only)")
     allowed_media_domains: str | None = _opt(None, "comma-separated URL hosts fetched even when they resolve to "
@@ -118,6 +123,10 @@ class EngineArgs(CLIArgs):
             raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
         if self.chunked_prefill_size < 1:
             raise ValueError(f"--chunked-prefill-size must be >= 1, got {self.chunked_prefill_size}")
+        if self.max_num_encoder_input_tokens is not None and self.max_num_encoder_input_tokens < 1:
+            raise ValueError(f"--max-num-encoder-input-tokens must be >= 1, got {self.max_num_encoder_input_tokens}")
+        if self.video_max_frames < 1:
+            raise ValueError(f"--video-max-frames must be >= 1, got {self.video_max_frames}")
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
             raise ValueError(f"--max-total-tokens must be >= page size, got {self.max_total_tokens}")
         if not 0 < self.mem_fraction_static < 1:
@@ -147,6 +156,7 @@ class SchedulerConfig:
     schedule_policy: str
     disable_radix_cache: bool
     chunked_prefill_size: int
+    max_num_encoder_input_tokens: int | None = None  # None: no cap beyond chunked_prefill_size
     max_running_requests: int
     new_token_ratio: float
     max_wait_steps: int

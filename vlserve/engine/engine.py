@@ -103,11 +103,14 @@ class Engine:
         self.builder = RequestBuilder(
             self.tokenizer, self.loaded.config, self.loaded.image_processing,
             MediaLimits(max_images_per_request=args.max_images_per_request, allow_url_fetch=args.allow_url_fetch,
+                        video_max_frames=args.video_max_frames,
                         allowed_media_path=args.allowed_media_path,
                         allowed_media_domains=tuple(h.strip() for h in (args.allowed_media_domains or "").split(",")
                                                     if h.strip())),
             args.video_frames or DEFAULT_NUM_FRAMES, self.context_len, self.memory.allocator.capacity,
-            self._constraint_compiler(args), ProcessedImageCache(), self.context_note)
+            self._constraint_compiler(args),
+            ProcessedImageCache(on_process=lambda kind: self.metrics.media_decodes.labels(kind=kind).inc()),
+            self.context_note)
         self.media_pool = ThreadPoolExecutor(max_workers=media_workers(threads), thread_name_prefix="vlserve-media")
         self.draining = False  # set by drain(): no new request is accepted
         self.stats_log = StatsLog(self.metrics, self.pool_state,

@@ -10,18 +10,19 @@ media-pool thread and no other request's preprocessing.
 import asyncio
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from vlserve.constrained import ConstraintCompiler, ConstraintState
 from vlserve.core.errors import InvalidRequest
 from vlserve.core.request import Req
-from vlserve.core.sampling_params import FLOAT32_MAX, SamplingParams
+from vlserve.core.sampling_params import SamplingParams
+from vlserve.engine.media_ids import MediaIdStore, MediaRef
 from vlserve.engine.prompt import PromptMedia, expand_image_tokens, expand_text, tokenize_text
 from vlserve.engine.qwen_prompt import qwen_expanded
 from vlserve.model.config import ModelConfig
-from vlserve.preprocess import MediaLimits, ProcessedImageCache, check_image_count
+from vlserve.preprocess import MediaLimits, MediaOptions, ProcessedImageCache, check_image_count
 
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
@@ -59,6 +60,7 @@ class RequestBuilder:
     compiler: ConstraintCompiler
     image_cache: ProcessedImageCache  # the same upload (image or video) again skips decode, resize and hashing
     context_note: str = ""  # why context_len is below the model's positions (a sliding window), for 400s
+    media_ids: MediaIdStore = field(default_factory=MediaIdStore)  # content parts' uuids → their bytes
 
     def build(self, *args, **kwargs) -> Req:
         """build_pending, then wait for the constraint's compile."""
@@ -69,13 +71,19 @@ class RequestBuilder:
                       sampling_params: dict | SamplingParams | None = None, return_logprob: bool = False,
                       logprob_start_len: int = -1, rid: str | None = None, video_num_frames: int | None = None,
                       video_fps: float | None = None, fit_max_new_tokens: bool = False,
-                      top_logprobs_num: int = 0) -> PendingReq:
+                      top_logprobs_num: int = 0, media_io_kwargs: dict | None = None,
+                      mm_processor_kwargs: dict | None = None, media_scope: str = "") -> PendingReq:
         """fit_max_new_tokens: lower max_new_tokens to what fits the context and the KV pool (a
-        default the client did not ask for) instead of refusing the request."""
+        default the client did not ask for) instead of refusing the request. media_io_kwargs /
+        mm_processor_kwargs are vLLM's per-request media options (preprocess/media_options.py);
+        video_num_frames / video_fps are aliases of media_io_kwargs.video's num_frames / fps.
+        A media item may be a MediaRef (data and/or uuid); its uuid is looked up in media_scope."""
         params = (sampling_params if isinstance(sampling_params, SamplingParams)
                   else SamplingParams.from_dict(sampling_params))
-        check_request_numbers(logprob_start_len, video_num_frames, video_fps)
-        ids, spans = self._expanded(prompt, input_ids, image_data, video_data, video_num_frames, video_fps)
+        check_request_numbers(logprob_start_len)
+        options = MediaOptions.parse(media_io_kwargs, mm_processor_kwargs, video_num_frames, video_fps)
+        ids, spans = self._expanded(prompt, input_ids, image_data, video_data, options, media_scope)
+        self._check_media(spans)
         if fit_max_new_tokens:
             params.max_new_tokens = min(params.max_new_tokens, self._room_to_generate(len(ids)))
         self._check_length(len(ids), params)
@@ -93,29 +101,33 @@ class RequestBuilder:
 
     def token_ids(self, prompt: str | None = None, input_ids: list[int] | None = None, image_data: list | None = None,
                   video_data: list | None = None, video_num_frames: int | None = None,
-                  video_fps: float | None = None) -> list[int]:
+                  video_fps: float | None = None, media_io_kwargs: dict | None = None,
+                  mm_processor_kwargs: dict | None = None, media_scope: str = "") -> list[int]:
         """The ids a request with these inputs would have: the radix key, pseudo tokens for media."""
-        return self._expanded(prompt, input_ids, image_data, video_data, video_num_frames, video_fps)[0]
+        options = MediaOptions.parse(media_io_kwargs, mm_processor_kwargs, video_num_frames, video_fps)
+        return self._expanded(prompt, input_ids, image_data, video_data, options, media_scope)[0]
 
-    def _expanded(self, prompt, input_ids, image_data, video_data, video_num_frames, video_fps):
+    def _expanded(self, prompt, input_ids, image_data, video_data, options: MediaOptions, scope: str):
         if (prompt is None) == (input_ids is None):
             raise InvalidRequest("give exactly one of prompt (text) or input_ids")
         if self.config.mrope is not None:  # Qwen-VL: <|image_pad|> expanded by the grid (engine/qwen_prompt.py)
             return qwen_expanded(self, prompt, input_ids, _as_list(image_data, "image_data"),
-                                 _as_list(video_data, "video_data"), video_num_frames, video_fps)
+                                 _as_list(video_data, "video_data"), options, scope)
         ids, ordered = self._tokens(prompt, input_ids, _as_list(image_data, "image_data"),
-                                    _as_list(video_data, "video_data"), video_num_frames, video_fps)
+                                    _as_list(video_data, "video_data"), options, scope)
         return expand_image_tokens(ids, self.config.image_token_id, ordered, self.config.image_tokens)
 
-    def _tokens(self, prompt, input_ids, image_data, video_data, video_num_frames, video_fps):
+    def _tokens(self, prompt, input_ids, image_data, video_data, options: MediaOptions, scope: str):
         """Token ids (one image token per image or frame) and the processed images in their order."""
         check_image_count(len(image_data), self.limits)
-        processing = self.processing.for_image_count(len(image_data))  # OneVision tiles a lone image only
-        images = [self.image_cache.prepare_image(src, processing, self.limits) for src in image_data]
-        frames_kw = ({"fps": video_fps} if video_fps is not None and video_num_frames is None
-                     else {"num_frames": video_num_frames or (None if video_fps else self.video_frames),
-                           "fps": video_fps})
-        videos = [self.image_cache.prepare_video(src, self.processing, self.limits, **frames_kw) for src in video_data]
+        image_data = [self.media_ids.resolve(item, "image", scope, self.limits) for item in image_data]
+        video_data = [self.media_ids.resolve(item, "video", scope, self.limits) for item in video_data]
+        processing = options.processing_for(self.processing)
+        per_image = processing.for_image_count(len(image_data))  # OneVision tiles a lone image only
+        images = [self.image_cache.prepare_image(src, per_image, self.limits) for src in image_data]
+        sampling = options.video.with_default(self.video_frames)
+        videos = [self.image_cache.prepare_video(src, processing, self.limits, sampling.num_frames, sampling.fps,
+                                                 sampling.max_frames) for src in video_data]
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise InvalidRequest("prompt must be a string")
@@ -134,6 +146,16 @@ class RequestBuilder:
                                  + (f" ({self.context_note})" if self.context_note else ""))
         return room
 
+    def _check_media(self, spans: list) -> None:
+        """A request whose media alone cannot fit is refused before it is queued, saying what it needs."""
+        need = sum(span.length for span in spans)
+        room, what = min((self.context_len, "the context length"), (self.pool_capacity, "the KV pool"))
+        if need > room:
+            raise InvalidRequest(f"the request's {len(spans)} images/frames need {need} tokens, over {what} of "
+                                 f"{room} tokens: send fewer frames (media_io_kwargs.video.num_frames or "
+                                 f"max_frames) or smaller media"
+                                 + (f" ({self.context_note})" if self.context_note else ""))
+
     def _check_length(self, prompt_len: int, params: SamplingParams) -> None:
         if prompt_len == 0:
             raise InvalidRequest("the prompt is empty")
@@ -146,17 +168,11 @@ class RequestBuilder:
                                  f"over the KV pool of {self.pool_capacity}")
 
 
-def check_request_numbers(logprob_start_len, video_num_frames, video_fps) -> None:
-    """The request's numbers outside SamplingParams, whether or not it has a video."""
+def check_request_numbers(logprob_start_len) -> None:
+    """The request's numbers outside SamplingParams and its media options."""
     if not (_is_int(logprob_start_len) and -1 <= logprob_start_len < 2**31):
         raise InvalidRequest(f"logprob_start_len must be -1 (off) or an integer in [0, 2**31), "
                              f"got {logprob_start_len!r}", param="logprob_start_len")
-    if video_num_frames is not None and not (_is_int(video_num_frames) and 1 <= video_num_frames < 2**31):
-        raise InvalidRequest(f"video_num_frames must be an integer >= 1, got {video_num_frames!r}",
-                             param="video_num_frames")
-    if video_fps is not None and not (isinstance(video_fps, (int, float)) and not isinstance(video_fps, bool)
-                                      and 0 < video_fps <= FLOAT32_MAX):
-        raise InvalidRequest(f"video_fps must be a finite number > 0, got {video_fps!r}", param="video_fps")
 
 
 def _is_int(x) -> bool:
@@ -166,7 +182,7 @@ def _is_int(x) -> bool:
 def _as_list(value, name: str) -> list:
     if value is None:
         return []
-    if isinstance(value, (str, bytes)):
+    if isinstance(value, (str, bytes, MediaRef)):
         return [value]
     if isinstance(value, list):
         return value

@@ -15,6 +15,7 @@ from vlserve.kernels.fused import fused_op
 from vlserve.memory.kv_pool import KVPool
 from vlserve.model.attention import AttentionBackend
 from vlserve.model.config import TextConfig
+from vlserve.model.quantized_linear import QuantizedLinear, fuse_quantized
 from vlserve.core.forward_batch import ForwardBatch
 
 
@@ -223,6 +224,8 @@ class MLP(nn.Module):
 
 
 def _fused_linear(*parts: nn.Linear) -> nn.Linear:
+    if any(isinstance(p, QuantizedLinear) for p in parts):
+        return fuse_quantized(list(parts))
     w = parts[0].weight
     fused = nn.Linear(w.shape[1], sum(p.out_features for p in parts), bias=parts[0].bias is not None,
                       device=w.device, dtype=w.dtype)

@@ -21,6 +21,7 @@ from vlserve.cpu.gemm import native_bf16, native_fp16, use_cpu_gemm
 from vlserve.model.config import ModelConfig, parse_dtype
 from vlserve.model.families import Family, family_for
 from vlserve.model.llava import LlavaForServing
+from vlserve.model.quantized_linear import apply_compressed_tensors, pack_quantized_linears
 from vlserve.model.vision import unused_checkpoint_key
 from vlserve.preprocess import ImageProcessing
 
@@ -31,6 +32,7 @@ WEIGHT_INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 PROCESSOR_FILE = "preprocessor_config.json"
 PROCESSOR_FALLBACK = "processor_config.json"  # current transformers keeps the image processor in here
+VIDEO_PROCESSOR_FILE = "video_preprocessor_config.json"  # a Qwen-VL checkpoint's video settings, where it has them
 
 # (prefix in the checkpoint, prefix in LlavaForServing); first match wins, so longer prefixes first.
 _KEY_PREFIXES = (
@@ -62,7 +64,7 @@ class LoadedModel:
     hf_config: Any
     dtype_note: str = ""  # how the dtype was chosen (said at start-up)
     family: Family | None = None  # the model/families.py entry it was loaded by
-    image_processing: ImageProcessing | None = None  # built by the family from processor_config
+    image_processing: ImageProcessing | None = None  # built by the family from processor_config (Qwen-VL: + video's)
 
 
 def native_key(key: str) -> str | None:
@@ -105,7 +107,8 @@ def read_state_dict(files: list[str], dtype: torch.dtype) -> dict[str, torch.Ten
                 name = native_key(key)
                 if name is None:
                     raise CheckpointError(f"{file}: unexpected weight {key!r} (not a LLaVA weight name)")
-                state[name] = f.get_tensor(key).to(dtype)
+                t = f.get_tensor(key)
+                state[name] = t.to(dtype) if t.is_floating_point() else t  # quantized weights stay integers
     return state
 
 
@@ -128,6 +131,7 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
     with torch.device("meta"):
         model = family.build_model(cfg)
     state = {k: v for k, v in read_state_dict(files, cfg.dtype).items() if not unused_checkpoint_key(k, cfg)}
+    apply_compressed_tensors(path, model, state, device, cfg.dtype)  # quantized linears, where the checkpoint has them
     expected = set(model.state_dict().keys())
     if cfg.text.tie_word_embeddings:
         expected.discard("lm_head.weight")
@@ -142,6 +146,7 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
     _materialise_buffers(model, cfg)
     model.language_model.fuse_projections()
     model.language_model.use_fused_ops(kernels.fused_ops)
+    pack_quantized_linears(model)
     model = model.to(device).eval()
     if kernels.cpu_gemm and torch.device(device).type == "cpu":
         use_cpu_gemm(model, kernels.small_gemm)
@@ -150,7 +155,7 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
         tokenizer.chat_template = _json(path, "chat_template.json").get("chat_template")
     processor_config = _json(path, PROCESSOR_FILE) or _json(path, PROCESSOR_FALLBACK)["image_processor"]
     try:
-        processing = family.image_processing(processor_config)
+        processing = family.processing(processor_config, _json(path, VIDEO_PROCESSOR_FILE) or None)
     except ValueError as e:
         raise CheckpointError(f"{path}: image processor config not served: {e}") from e
     return LoadedModel(path, cfg, model, tokenizer, processor_config, hf_config, note, family, processing)

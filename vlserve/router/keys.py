@@ -49,7 +49,8 @@ class RouteKeys:
             chat = ChatCompletionRequest.model_validate(data)
             prompt = build_chat_prompt(self.tokenizer, chat.messages, chat.add_generation_prompt,
                                        chat.continue_final_message)
-            return {"prompt": prompt.text, "image_data": prompt.images or None, "video_data": prompt.videos or None}
+            return {"prompt": prompt.text, "image_data": prompt.images or None, "video_data": prompt.videos or None,
+                    **chat.media_options()}
         if path == "/v1/completions":
             return _first_prompt(data.get("prompt"))
         inputs = _first_prompt(data.get("text") or data.get("input_ids"))
@@ -60,7 +61,7 @@ class RouteKeys:
         for media in ("image_data", "video_data"):
             value = data.get(media)
             inputs[media] = value[0] if batch and isinstance(value, list) and value else value
-        for extra in ("video_num_frames", "video_fps"):
+        for extra in ("video_num_frames", "video_fps", "media_io_kwargs", "mm_processor_kwargs"):
             inputs[extra] = data.get(extra)
         return inputs
 

@@ -37,6 +37,7 @@ class ImageEmbedder:
             embeds = self.encode_images([torch.from_numpy(np.array(s.pixel_values)) for s in spans],
                                         [s.image_size for s in spans], [s.role for s in spans])
             self.metrics.vision_encoder_images.inc(len(spans))
+            self.metrics.vision_tower_runs.inc()
             for span, emb in zip(spans, embeds):
                 found[span.content_hash] = emb
                 self.cache.put(span.content_hash, emb)

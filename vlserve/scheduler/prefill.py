@@ -14,6 +14,7 @@ from vlserve.memory.allocator import OutOfSlots
 from vlserve.scheduler.cache_manager import CacheManager
 from vlserve.scheduler.policy import SchedulePolicy
 from vlserve.scheduler.round_sharing import RoundSharing
+from vlserve.scheduler.vision_budget import VisionBudget
 
 
 class PrefillAdmission:
@@ -27,9 +28,12 @@ class PrefillAdmission:
     def reserve(self, req: Req) -> int:
         return int(req.remaining_new_tokens * self.new_token_ratio + 0.999)
 
-    def admit(self, waiting: list[Req], running: list[Req], token_budget: int) -> list[PlannedExtend]:
-        """The first extends of the waiting requests admitted now, in policy order. The caller moves
-        them from its waiting queue to its running list."""
+    def admit(self, waiting: list[Req], running: list[Req], token_budget: int,
+              vision: VisionBudget | None = None) -> list[PlannedExtend]:
+        """The first extends of the waiting requests admitted now, in policy order, within the token
+        budget and the step's vision budget. The caller moves them from its waiting queue to its
+        running list."""
+        vision = vision or VisionBudget(None)
         sharing = self._round_sharing(running)
         reserved = sum(self.reserve(r) for r in running)
         planned = []
@@ -48,7 +52,10 @@ class PrefillAdmission:
                 lend = sharing.lender(req, req.kv_len)
             if lend is not None:
                 self.cm.borrow(req, lend.leader, lend.end)
-            n = min(req.pending_len, token_budget)
+            n = vision.cap(req, min(req.pending_len, token_budget))
+            if n == 0:  # its next image waits for the next step's vision budget
+                self.cm.release(req)
+                break
             need = self.cm.allocator.slots_needed(req.kv_len, n)
             if n == req.pending_len:
                 need += self.reserve(req)

@@ -29,6 +29,7 @@ from vlserve.scheduler.outputs import step_output
 from vlserve.scheduler.policy import SchedulePolicy
 from vlserve.scheduler.prefill import PrefillAdmission
 from vlserve.scheduler.request_stats import RequestStats
+from vlserve.scheduler.vision_budget import VisionBudget
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +72,11 @@ class Scheduler:
             self._expire(self.clock() - self.cfg.request_timeout)
         self.policy.step()
         plan, budget = [], self.cfg.chunked_prefill_size
+        vision = VisionBudget(self.cfg.max_num_encoder_input_tokens)
         for req in list(self.running):
             if req not in self.running:  # retracted to make room for an earlier request
                 continue
-            n = 1 if req.pending_len == 1 else min(req.pending_len, budget)
+            n = 1 if req.pending_len == 1 else vision.cap(req, min(req.pending_len, budget))
             if n <= 0:
                 continue
             slots = self._alloc_or_retract(req, n)
@@ -82,7 +84,7 @@ class Scheduler:
                 plan.append(PlannedExtend(req, n, slots))
                 budget -= n if n > 1 else 0
         if self.waiting and budget > 0:
-            admitted = self.admission.admit(self.waiting, self.running, budget)
+            admitted = self.admission.admit(self.waiting, self.running, budget, vision)
             now = self.clock()
             for p in admitted:
                 self.waiting.remove(p.req)

@@ -3,12 +3,15 @@
 Image parts become {"type": "image"} (the template renders `<image>`); a video part becomes the text
 "<video>", which the engine expands into one `<image>` per sampled frame. Media sources are passed
 through undecoded: the engine decodes them in its media pool, off the event loop and the engine loop.
+A part with a `uuid` (vLLM's media id) becomes a MediaRef: with data, the engine remembers it under
+the id; without, the engine reuses what that id was sent with (engine/media_ids.py).
 """
 
 from dataclasses import dataclass, field
 
 from vlserve.core.errors import InvalidRequest
-from vlserve.server.openai_protocol import ChatMessage, ImagePart, TextPart, VideoPart
+from vlserve.engine.media_ids import MediaRef
+from vlserve.server.openai_protocol import ChatMessage, ImagePart, MediaURL, TextPart, VideoPart
 
 VIDEO_TEXT = "<video>"
 
@@ -16,8 +19,8 @@ VIDEO_TEXT = "<video>"
 @dataclass
 class ChatPrompt:
     text: str
-    images: list[str] = field(default_factory=list)
-    videos: list[str] = field(default_factory=list)
+    images: list[str | MediaRef] = field(default_factory=list)
+    videos: list[str | MediaRef] = field(default_factory=list)
 
 
 def build_chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True,
@@ -68,9 +71,19 @@ def _content(message: ChatMessage, index: int, prompt: ChatPrompt) -> str | list
         if message.role != "user":
             raise InvalidRequest(f"messages[{index}]: image_url and video_url parts are only allowed in user messages")
         if isinstance(part, ImagePart):
-            prompt.images.append(part.image_url.url)
+            prompt.images.append(_media(part.image_url, part.uuid, "image_url", index))
             parts.append({"type": "image"})
         elif isinstance(part, VideoPart):
-            prompt.videos.append(part.video_url.url)
+            prompt.videos.append(_media(part.video_url, part.uuid, "video_url", index))
             parts.append({"type": "text", "text": VIDEO_TEXT})
     return parts
+
+
+def _media(url: MediaURL | None, uuid: str | None, kind: str, index: int) -> str | MediaRef:
+    """The part's source: its URL, or a MediaRef where it carries a uuid (with or without data)."""
+    if url is None and uuid is None:
+        raise InvalidRequest(f"messages[{index}]: a {kind} part needs {kind}.url or a uuid sent before",
+                             param=f"messages[{index}].content")
+    if uuid is None:
+        return url.url
+    return MediaRef(url.url if url is not None else None, uuid)

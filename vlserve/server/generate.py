@@ -1,7 +1,8 @@
 """The native route, as SGLang's: POST /generate.
 
 {"text" | "input_ids", "image_data", "video_data", "sampling_params", "stream", "return_logprob",
- "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "video_num_frames" | "video_fps"}
+ "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "media_io_kwargs",
+ "mm_processor_kwargs", "video_num_frames" | "video_fps"}
 → {"text", "output_ids", "meta_info"}. A list of prompts (text: [...] or input_ids: [[...], ...]) is a
 batch: image_data[i] / video_data[i], sampling_params[i] (or one dict for all) and the logprob fields
 (or one value for all) belong to prompt i, one image_data string belongs to every prompt (SGLang's
@@ -11,11 +12,12 @@ cumulative chunks `data: {"text", "output_ids", "meta_info"}` (every stream_inte
 """
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from vlserve.server.disconnect import cancel_on_disconnect
 from vlserve.server.errors import APIError, ErrorMappingRoute, error_event, raise_if_failed
 from vlserve.server.fanout import MergedStream, generate_all, open_streams
+from vlserve.server.openai_protocol import MediaFields
 from vlserve.engine.sglang_logprobs import sglang_logprobs
 from vlserve.server.sse import DONE, SSEResponse, event
 
@@ -24,7 +26,7 @@ MAX_BATCH = 64
 MediaList = str | list[str | list[str] | None] | None
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(MediaFields):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     image_data: MediaList = Field(default=None, description="data URI or base64 (a URL with --allow-url-fetch)")
@@ -38,7 +40,7 @@ class GenerateRequest(BaseModel):
     top_logprobs_num: int | list[int] | None = 0
     return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
-    video_num_frames: int | None = None
+    video_num_frames: int | None = None  # aliases of media_io_kwargs.video's num_frames and fps
     video_fps: float | None = None
     # SGLang's request fields vlserve has no use for: accepted unset, refused otherwise (by name)
     lora_path: str | list[str | None] | None = None
@@ -161,7 +163,7 @@ def _request_extras(body: GenerateRequest, i: int, batch: bool, params: dict) ->
     extras = {"return_logprob": _pick(body.return_logprob, i, batch, "return_logprob"),
               "logprob_start_len": _pick(body.logprob_start_len, i, batch, "logprob_start_len"),
               "top_logprobs_num": _pick(body.top_logprobs_num, i, batch, "top_logprobs_num"),
-              "video_num_frames": body.video_num_frames, "video_fps": body.video_fps}
+              "video_num_frames": body.video_num_frames, "video_fps": body.video_fps, **body.media_options()}
     if extras["logprob_start_len"] is None and extras["return_logprob"] and params.get("max_new_tokens") == 0:
         extras["logprob_start_len"] = 0
     return {k: v for k, v in extras.items() if v is not None}

@@ -26,14 +26,22 @@ class MediaURL(BaseModel):
     detail: str | None = None
 
 
+MEDIA_UUID = Field(default=None, min_length=1, max_length=256,
+                   description="vLLM's media id: a later part with this uuid and no data reuses this media")
+
+
 class ImagePart(BaseModel):
     type: Literal["image_url"]
-    image_url: MediaURL
+    image_url: MediaURL | None = Field(default=None, description="may be left out where uuid names an image sent "
+                                                                 "before")
+    uuid: str | None = MEDIA_UUID
 
 
 class VideoPart(BaseModel):
     type: Literal["video_url"]
-    video_url: MediaURL
+    video_url: MediaURL | None = Field(default=None, description="may be left out where uuid names a video sent "
+                                                                 "before")
+    uuid: str | None = MEDIA_UUID
 
 
 ContentPart = Annotated[TextPart | ImagePart | VideoPart, Field(discriminator="type")]
@@ -89,6 +97,37 @@ UNSUPPORTED = {"suffix": (None,),
                "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
 
 
+class VideoIOKwargs(BaseModel):
+    """How a request's videos are sampled (vLLM's media_io_kwargs.video; preprocess/media_options.py)."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    num_frames: int | None = Field(default=None, ge=1, lt=INT32_END, description="frames spread evenly over the clip")
+    fps: float | None = Field(default=None, gt=0, le=FLOAT32_MAX,
+                              description="one frame every 1/fps seconds from t=0 (not with num_frames)")
+    max_frames: int | None = Field(default=None, ge=1, lt=INT32_END,
+                                   description="at most this many frames (a long clip sampled by fps is thinned)")
+
+
+class MediaIOKwargs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    video: VideoIOKwargs | None = None
+
+
+ProcessorKwargs = dict[str, Annotated[int | float | str | bool, Field(allow_inf_nan=False)]]
+
+
+class MediaFields(BaseModel):
+    """vLLM's per-request media options, on every generating route; server flags are the defaults."""
+    media_io_kwargs: MediaIOKwargs | None = None
+    mm_processor_kwargs: ProcessorKwargs | None = Field(
+        default=None, description="keyword arguments for the model's processor; a key it does not take is a 400")
+
+    def media_options(self) -> dict:
+        """The engine's keyword arguments for these options (unset ones left out)."""
+        io = self.media_io_kwargs.model_dump(exclude_none=True) if self.media_io_kwargs else None
+        return {k: v for k, v in (("media_io_kwargs", io), ("mm_processor_kwargs", self.mm_processor_kwargs))
+                if v is not None}
+
+
 class SamplingFields(BaseModel):
     """The sampling options the chat and completion routes share, each bounded to what the engine
     computes with (SamplingParams.validate checks the same again for every route)."""
@@ -133,7 +172,7 @@ class SamplingFields(BaseModel):
     web_search_options: dict | None = None
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, MediaFields):
     messages: list[AnyChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, lt=INT32_END)
     logprobs: bool = False
@@ -142,7 +181,7 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, MediaFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)  # alternatives per token (0 = the chosen only)
     echo: bool = False

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 
+from vlserve.server.auth import media_scope
 from vlserve.server.chat import build_chat_prompt
 from vlserve.server.disconnect import cancel_on_disconnect
 from vlserve.server.errors import APIError, ErrorMappingRoute, error_event, raise_if_failed
@@ -75,7 +76,8 @@ def openai_router(engine, model_names: list[str]) -> APIRouter:
                                    body.continue_final_message)
         params, fit = openai_sampling(body)
         base = {"prompt": prompt.text, "image_data": prompt.images or None, "video_data": prompt.videos or None,
-                "fit_max_new_tokens": fit, **openai_logprob_request(body)}
+                "fit_max_new_tokens": fit, "media_scope": media_scope(request), **openai_logprob_request(body),
+                **body.media_options()}
         jobs = [{**base, "sampling_params": p} for p in per_choice(params, body.n)]
         fmt = ChoiceFormat(chat=True, tokenizer=engine.tokenizer, n=body.n)
         return await _respond(engine, request, body, jobs, fmt, model_name, prompts=1)
@@ -88,7 +90,8 @@ def openai_router(engine, model_names: list[str]) -> APIRouter:
         if len(prompts) * body.n > MAX_CHOICES:
             raise APIError(400, f"{len(prompts)} prompts x n={body.n} is over the limit of {MAX_CHOICES} choices",
                            param="n")
-        jobs = [{**prompt, "sampling_params": p, "fit_max_new_tokens": fit, **openai_logprob_request(body)}
+        jobs = [{**prompt, "sampling_params": p, "fit_max_new_tokens": fit, **openai_logprob_request(body),
+                 **body.media_options()}
                 for prompt in prompts for p in per_choice(params, body.n)]
         echo = tuple(_prompt_text(engine.tokenizer, p) for p in prompts) if body.echo else ()
         fmt = ChoiceFormat(chat=False, tokenizer=engine.tokenizer, echo=echo, n=body.n)

@@ -1,0 +1,307 @@
+// W8A8 int8 GEMM: y[M, N] = (xq[M, K] · wq[N, K]^T) · x_scale[m] · w_scale[n] (+ bias[n]), the integer
+// sums exact in int32, then one fp32 epilogue. x is quantized per row (per token) at run time,
+// symmetric, as compressed-tensors does it: scale = max|x| / 127.5, q = round-half-even(x / scale)
+// clamped to [-128, 127] (quantize_rows).
+//
+// The weight is packed once (pack_int8) so that 64 bytes are 16 output columns at one step of four
+// K elements: packed[block][step][column][4], K zero padded to a multiple of 4, N to a multiple of 16.
+// Two paths, chosen at run time by the CPU's flags (the file is built for AVX2; the AVX-512 functions
+// carry a target attribute):
+// - AVX512-VNNI: vpdpbusd multiplies 64 unsigned bytes by 64 signed bytes and adds each four
+//   products into one int32 lane. Activations are signed, so each broadcast x word is XORed with
+//   0x80808080 (q + 128, as u8) and the surplus 128 · Σ_k w[n][k] (comp, computed at packing) is
+//   taken off the sums. Register block: 6 rows x 4 column blocks (24 accumulators of 32 registers).
+// - AVX2: each 8-column half of a block's step (32 bytes) is sign-extended to int16 and multiplied
+//   by x's four int16 values with vpmaddwd (exact: no saturation, unlike vpmaddubsw), two int32
+//   lanes per column folded at the end. Register block: 4 rows x 8 columns.
+// Threads split the 64-column groups; within one, row blocks pass over the group's weights (64 x K
+// bytes, held in L2).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#define VLSERVE_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define VLSERVE_AVX2 __attribute__((target("avx2,fma")))
+
+namespace {
+
+constexpr int64_t kCols = 16;       // output columns per packed block
+constexpr int64_t kGroupBlocks = 4;  // blocks per thread task (64 columns)
+constexpr int kIsaAvx2 = 1, kIsaVnni = 2;
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+bool has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+bool has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+// The best path here: 2 (AVX512-VNNI), 1 (AVX2), 0 (neither: the PyTorch reference runs).
+int64_t int8_isa() { return has_vnni() ? kIsaVnni : has_avx2() ? kIsaAvx2 : 0; }
+
+int resolve_isa(int64_t requested) {
+  const int64_t best = int8_isa();
+  const int64_t isa = requested < 0 ? best : requested;
+  TORCH_CHECK(isa == kIsaVnni || isa == kIsaAvx2, "int8 GEMM: no path for isa ", isa);
+  TORCH_CHECK(isa <= best || (isa == kIsaAvx2 && has_avx2()), "int8 GEMM: this CPU lacks the flags for isa ", isa);
+  return static_cast<int>(isa);
+}
+
+// w [N, K] int8 -> (packed [N/16, K/4, 16, 4] int8, comp [N/16 * 16] int32 = 128 · Σ_k w[n][k]).
+std::tuple<at::Tensor, at::Tensor> pack_int8(const at::Tensor& w_in) {
+  TORCH_CHECK(w_in.dim() == 2 && w_in.scalar_type() == at::kChar, "pack_int8: need a 2-D int8 weight, got ",
+              w_in.sizes(), " ", w_in.scalar_type());
+  const at::Tensor w = w_in.contiguous();
+  const int64_t N = w.size(0), K = w.size(1);
+  const int64_t blocks = (N + kCols - 1) / kCols, steps = round_up(K, 4) / 4;
+  at::Tensor packed = at::zeros({blocks, steps, kCols, 4}, w.options());
+  at::Tensor comp = at::zeros({blocks * kCols}, w.options().dtype(at::kInt));
+  const int8_t* src = w.data_ptr<int8_t>();
+  int8_t* dst = packed.data_ptr<int8_t>();
+  int32_t* cs = comp.data_ptr<int32_t>();
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      for (int64_t c = 0; c < kCols && b * kCols + c < N; ++c) {
+        const int8_t* row = src + (b * kCols + c) * K;
+        int32_t sum = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          dst[((b * steps + k / 4) * kCols + c) * 4 + k % 4] = row[k];
+          sum += row[k];
+        }
+        cs[b * kCols + c] = 128 * sum;
+      }
+    }
+  });
+  return {packed, comp};
+}
+
+// x [M, K] float -> (q [M, round_up(K, 4)] int8, zero padded; scale [M] fp32).
+std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x_in) {
+  TORCH_CHECK(x_in.dim() == 2, "quantize_rows: need [M, K], got ", x_in.sizes());
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), K = x.size(1), Kp = round_up(K, 4);
+  at::Tensor q = at::zeros({M, Kp}, x.options().dtype(at::kChar));
+  at::Tensor scale = at::empty({M}, x.options());
+  const float* xs = x.data_ptr<float>();
+  int8_t* qs = q.data_ptr<int8_t>();
+  float* ss = scale.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      const float* row = xs + m * K;
+      float amax = 0.f;
+      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(row[k]));
+      // compressed-tensors: the scale never below fp32's epsilon, so an all-zero row quantizes to zeros
+      const float s = std::max(amax / 127.5f, 1.1920928955078125e-07f);
+      ss[m] = s;
+      for (int64_t k = 0; k < K; ++k) {
+        const float v = std::nearbyint(row[k] / s);  // the default rounding mode: half to even
+        qs[m * Kp + k] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, v)));
+      }
+    }
+  });
+  return {q, scale};
+}
+
+// Where a block of int32 sums goes: the raw sums, or the fp32 epilogue.
+struct Out {
+  int32_t* raw = nullptr;  // [M, N] int32
+  float* y = nullptr;      // [M, N] fp32
+  const float* x_scale = nullptr;
+  const float* w_scale = nullptr;
+  const float* bias = nullptr;
+  int64_t N = 0;
+
+  // 16 (or fewer, at N's edge) sums of row m from column n0
+  void store(int64_t m, int64_t n0, const int32_t* sums) const {
+    const int64_t n = std::min<int64_t>(kCols, N - n0);
+    for (int64_t c = 0; c < n; ++c) {
+      if (raw) {
+        raw[m * N + n0 + c] = sums[c];
+      } else {
+        const float v = static_cast<float>(sums[c]) * (x_scale[m] * w_scale[n0 + c]);
+        y[m * N + n0 + c] = bias ? v + bias[n0 + c] : v;
+      }
+    }
+  }
+};
+
+template <int R, int C>
+VLSERVE_VNNI void block_vnni(const int8_t* xq, int64_t ldx, const int8_t* packed, const int32_t* comp,
+                             int64_t steps, int64_t m0, int64_t b0, const Out& out) {
+  __m512i acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
+  const int8_t* w0 = packed + b0 * steps * 64;
+  const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
+  for (int64_t s = 0; s < steps; ++s) {
+    __m512i w[C];
+    for (int c = 0; c < C; ++c) w[c] = _mm512_loadu_si512(w0 + (c * steps + s) * 64);
+    for (int r = 0; r < R; ++r) {
+      int32_t word;
+      std::memcpy(&word, xq + (m0 + r) * ldx + 4 * s, 4);
+      const __m512i x = _mm512_xor_si512(_mm512_set1_epi32(word), flip);  // q + 128 as u8
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], x, w[c]);
+    }
+  }
+  alignas(64) int32_t sums[kCols];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const __m512i cv = _mm512_loadu_si512(comp + (b0 + c) * kCols);
+      _mm512_store_si512(sums, _mm512_sub_epi32(acc[r][c], cv));
+      out.store(m0 + r, (b0 + c) * kCols, sums);
+    }
+}
+
+template <int R>
+VLSERVE_AVX2 void half_block_avx2(const int8_t* xq, int64_t ldx, const int8_t* packed, int64_t steps, int64_t m0,
+                                  int64_t b, int half, int32_t (*sums)[kCols]) {
+  __m256i lo[R], hi[R];
+  for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+  const int8_t* w0 = packed + b * steps * 64 + half * 32;
+  for (int64_t s = 0; s < steps; ++s) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + s * 64));
+    const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));       // columns 0-3, k 0-3
+    const __m256i wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));  // columns 4-7
+    for (int r = 0; r < R; ++r) {
+      int32_t word;
+      std::memcpy(&word, xq + (m0 + r) * ldx + 4 * s, 4);
+      const __m128i x16 = _mm_cvtepi8_epi16(_mm_cvtsi32_si128(word));
+      const __m256i x = _mm256_set1_epi64x(_mm_cvtsi128_si64(x16));
+      lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(wl, x));
+      hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(wh, x));
+    }
+  }
+  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  for (int r = 0; r < R; ++r) {
+    const __m256i folded = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r], hi[r]), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums[r] + half * 8), folded);
+  }
+}
+
+template <int R>
+VLSERVE_AVX2 void block_avx2(const int8_t* xq, int64_t ldx, const int8_t* packed, int64_t steps, int64_t m0,
+                             int64_t b, const Out& out) {
+  int32_t sums[R][kCols];
+  half_block_avx2<R>(xq, ldx, packed, steps, m0, b, 0, sums);
+  half_block_avx2<R>(xq, ldx, packed, steps, m0, b, 1, sums);
+  for (int r = 0; r < R; ++r) out.store(m0 + r, b * kCols, sums[r]);
+}
+
+template <int R>
+void vnni_rows(const int8_t* xq, int64_t ldx, const int8_t* packed, const int32_t* comp, int64_t steps, int64_t m0,
+               int64_t b0, int64_t nb, const Out& out) {
+  switch (nb) {
+    case 1: return block_vnni<R, 1>(xq, ldx, packed, comp, steps, m0, b0, out);
+    case 2: return block_vnni<R, 2>(xq, ldx, packed, comp, steps, m0, b0, out);
+    case 3: return block_vnni<R, 3>(xq, ldx, packed, comp, steps, m0, b0, out);
+    default: return block_vnni<R, 4>(xq, ldx, packed, comp, steps, m0, b0, out);
+  }
+}
+
+void column_group(int isa, const int8_t* xq, int64_t M, int64_t ldx, const int8_t* packed, const int32_t* comp,
+                  int64_t steps, int64_t b0, int64_t nb, const Out& out) {
+  if (isa == kIsaVnni) {
+    int64_t m = 0;
+    for (; m + 6 <= M; m += 6) vnni_rows<6>(xq, ldx, packed, comp, steps, m, b0, nb, out);
+    switch (M - m) {
+      case 5: vnni_rows<5>(xq, ldx, packed, comp, steps, m, b0, nb, out); break;
+      case 4: vnni_rows<4>(xq, ldx, packed, comp, steps, m, b0, nb, out); break;
+      case 3: vnni_rows<3>(xq, ldx, packed, comp, steps, m, b0, nb, out); break;
+      case 2: vnni_rows<2>(xq, ldx, packed, comp, steps, m, b0, nb, out); break;
+      case 1: vnni_rows<1>(xq, ldx, packed, comp, steps, m, b0, nb, out); break;
+      default: break;
+    }
+    return;
+  }
+  for (int64_t b = b0; b < b0 + nb; ++b) {
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) block_avx2<4>(xq, ldx, packed, steps, m, b, out);
+    switch (M - m) {
+      case 3: block_avx2<3>(xq, ldx, packed, steps, m, b, out); break;
+      case 2: block_avx2<2>(xq, ldx, packed, steps, m, b, out); break;
+      case 1: block_avx2<1>(xq, ldx, packed, steps, m, b, out); break;
+      default: break;
+    }
+  }
+}
+
+void run_gemm(int isa, const at::Tensor& xq, const at::Tensor& packed, const at::Tensor& comp, const Out& out) {
+  TORCH_CHECK(xq.dim() == 2 && xq.scalar_type() == at::kChar && xq.is_contiguous(), "int8 GEMM: xq must be a "
+              "contiguous [M, K/4*4] int8 tensor");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 4 && xq.size(1) == 4 * packed.size(1),
+              "int8 GEMM: packed weight ", packed.sizes(), " does not fit activations ", xq.sizes());
+  TORCH_CHECK(comp.numel() == packed.size(0) * kCols && out.N <= comp.numel(), "int8 GEMM: N / comp mismatch");
+  const int64_t M = xq.size(0), steps = packed.size(1), blocks = (out.N + kCols - 1) / kCols;
+  const int64_t groups = (blocks + kGroupBlocks - 1) / kGroupBlocks;
+  const int8_t* x = xq.data_ptr<int8_t>();
+  const int8_t* w = packed.data_ptr<int8_t>();
+  const int32_t* c = comp.data_ptr<int32_t>();
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t b0 = g * kGroupBlocks;
+      column_group(isa, x, M, xq.size(1), w, c, steps, b0, std::min(kGroupBlocks, blocks - b0), out);
+    }
+  });
+}
+
+// The exact int32 sums Σ_k xq[m][k] · w[n][k] (for tests: the integer part of the GEMM alone).
+at::Tensor int8_gemm_int32(const at::Tensor& xq, const at::Tensor& packed, const at::Tensor& comp, int64_t N,
+                           int64_t isa) {
+  at::Tensor raw = at::empty({xq.size(0), N}, xq.options().dtype(at::kInt));
+  Out out;
+  out.raw = raw.data_ptr<int32_t>();
+  out.N = N;
+  run_gemm(resolve_isa(isa), xq, packed, comp, out);
+  return raw;
+}
+
+// y [M, N] fp32 = the dequantized product of x quantized per row, plus bias (fp32).
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp,
+                       const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t isa) {
+  const int64_t N = w_scale.numel();
+  auto [xq, x_scale] = quantize_rows(x);
+  at::Tensor y = at::empty({xq.size(0), N}, x.options().dtype(at::kFloat));
+  at::Tensor ws = w_scale.to(at::kFloat).contiguous();
+  at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  TORCH_CHECK(!b.defined() || b.numel() == N, "int8_linear: bias of ", b.numel(), " for ", N, " outputs");
+  Out out;
+  out.y = y.data_ptr<float>();
+  out.x_scale = x_scale.data_ptr<float>();
+  out.w_scale = ws.data_ptr<float>();
+  out.bias = b.defined() ? b.data_ptr<float>() : nullptr;
+  out.N = N;
+  run_gemm(resolve_isa(isa), xq, packed, comp, out);
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(vlserve_int8, m) {
+  m.def("pack_int8(Tensor w) -> (Tensor, Tensor)");
+  m.def("quantize_rows(Tensor x) -> (Tensor, Tensor)");
+  m.def("int8_gemm_int32(Tensor xq, Tensor packed, Tensor comp, int N, int isa=-1) -> Tensor");
+  m.def("int8_linear(Tensor x, Tensor packed, Tensor comp, Tensor w_scale, Tensor? bias, int isa=-1) -> Tensor");
+  m.def("int8_isa() -> int");
+}
+
+TORCH_LIBRARY_IMPL(vlserve_int8, CPU, m) {
+  m.impl("pack_int8", &pack_int8);
+  m.impl("quantize_rows", &quantize_rows);
+  m.impl("int8_gemm_int32", &int8_gemm_int32);
+  m.impl("int8_linear", &int8_linear);
+}
+
+TORCH_LIBRARY_IMPL(vlserve_int8, CompositeExplicitAutograd, m) { m.impl("int8_isa", &int8_isa); }

@@ -1,0 +1,102 @@
+"""The typed world (vlserve/builtin/typed.py, phrasing.py): crowded pictures, relation questions whose
+answers agree with the label masks, out-of-world questions, typed rewrites that keep the words that
+carry the meaning; and the plain training stream left as it was."""
+
+import random
+import re
+
+import pytest
+
+from training.builtin.train import image_or_outside
+from vlserve.builtin import scenes, typed
+from vlserve.builtin.phrasing import retype
+
+MEANING = re.compile(r"\b(" + "|".join([*scenes.COLOURS, *scenes.SHAPES, "above", "below", "left", "right", "top",
+                                        "bottom", "biggest", "smallest", "many"]) + r")s?\b")
+
+
+@pytest.fixture(scope="module")
+def drawn():
+    rng = random.Random(7)
+    return [typed.typed_scene(rng) for _ in range(150)]
+
+
+def test_typed_scenes_are_fixed_by_their_seed():
+    a, b = typed.samples(40, seed=3), typed.samples(40, seed=3)
+    assert [(s.question, s.answer) for s in a] == [(s.question, s.answer) for s in b]
+    assert {s.qtype for s in typed.samples(80, seed=4)} == set(typed.QTYPES)
+
+
+def test_retyping_keeps_the_words_that_carry_the_meaning():
+    rng = random.Random(1)
+    plain = [qa.question for _ in range(60) for qa in scenes.image_scene(rng).qas]
+    changed = 0
+    for q in plain:
+        t = retype(q, rng)
+        assert MEANING.findall(t.lower()) == MEANING.findall(q.lower()), (q, t)
+        changed += t != q
+    assert changed > len(plain) // 2
+
+
+def test_crowded_pictures_have_five_or_six_mostly_visible_shapes():
+    rng = random.Random(2)
+    for _ in range(20):
+        shapes, mask = typed.crowded_shapes(rng)
+        assert len(shapes) in (5, 6)
+        for k, s in enumerate(shapes, start=1):
+            assert (mask == k).sum() >= typed.CROWDED_VISIBLE * scenes.shape_mask(s).sum()
+
+
+def test_counts_reach_six_and_out_of_world_questions_get_the_fixed_sentence(drawn):
+    counts = {qa.answer for sc in drawn for qa in sc.qas if qa.qtype == "count"}
+    assert {"Five.", "Six."} <= counts
+    foreign = [qa for sc in drawn for qa in sc.qas if qa.qtype == scenes.OUTSIDE_QTYPE]
+    assert len(foreign) > 40 and {qa.answer for qa in foreign} == {scenes.CANNOT_TELL}
+    for qa in foreign:  # about nothing this world has
+        assert not re.search(r"\b(" + "|".join(scenes.SHAPES) + r")s?\b", qa.question.lower()), qa.question
+
+
+def _named(question: str, shapes) -> int | None:
+    """The index of the shape a relation question names after "the" (colour and kind, or kind alone)."""
+    q = question.lower()
+    for k, s in enumerate(shapes):
+        if re.search(rf"the {s.colour} {s.shape}\b", q):
+            return k
+    kinds = [k for k, s in enumerate(shapes) if re.search(rf"the {s.shape}\b", q)]
+    return kinds[0] if len(kinds) == 1 else None
+
+
+def test_relation_answers_agree_with_the_masks(drawn):
+    checked = 0
+    for sc in drawn:
+        shapes, mask = sc.objects[0], sc.masks[0]
+        centres = scenes.centroids(mask, len(shapes))
+        area = [(mask == k + 1).sum() for k in range(len(shapes))]
+        for qa in (qa for qa in sc.qas if qa.qtype == typed.RELATION_QTYPE):
+            q, k = qa.question.lower(), qa.about
+            if qa.answer not in ("Yes.", "No."):
+                assert qa.answer.lower().rstrip(".").endswith(shapes[k].shape)
+            others = [j for j in range(len(shapes)) if j != k]
+            if re.search(r"biggest|largest", q):
+                assert all(area[k] > area[j] for j in others)
+            elif re.search(r"smallest|littlest", q):
+                assert all(area[k] < area[j] for j in others)
+            elif re.search(r"top|highest|uppermost", q) and "above" not in q:
+                assert all(centres[k][1] < centres[j][1] for j in others)
+            elif re.search(r"\bbottom|lowest", q):
+                assert all(centres[k][1] > centres[j][1] for j in others)
+            elif re.search(r"(above|over|on top of|higher than|up from) the", q) and qa.answer not in ("Yes.", "No."):
+                ref = _named(q, shapes)
+                assert ref is not None and centres[k][1] < centres[ref][1] - typed.GAP, qa
+            else:
+                continue
+            checked += 1
+    assert checked > 60
+
+
+def test_a_plain_stream_draws_exactly_as_before():
+    a, b = random.Random(5), random.Random(5)
+    for _ in range(10):
+        got = image_or_outside(a)
+        want = scenes.outside_scene(b) if b.random() < 0.12 else scenes.image_scene(b)
+        assert [qa.question for qa in got.qas] == [qa.question for qa in want.qas]

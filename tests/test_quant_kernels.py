@@ -1,0 +1,94 @@
+"""The quantized CPU GEMMs (kernels/quant_gemm.py) against their PyTorch references: the int8 sums
+exactly, the fp32 epilogues to 1e-5, on every path this CPU has (AVX512-VNNI and AVX2 for int8)."""
+
+import pytest
+import torch
+
+from vlserve.kernels import quant_gemm
+
+# shapes: edges of every block size (rows 1-13 cross the 6- and 4-row blocks; N not a multiple of
+# 16 or 64; K not a multiple of 4) and a decode-sized layer
+INT8_SHAPES = [(1, 64, 16), (5, 70, 33), (7, 130, 100), (13, 64, 257), (32, 512, 384)]
+INT4_SHAPES = [(1, 64, 16, 32), (3, 128, 40, 64), (6, 256, 200, 128), (17, 512, 96, 32)]
+
+
+@pytest.fixture(scope="module")
+def built():
+    assert quant_gemm.available(), f"the quantized CPU GEMMs did not build: {quant_gemm.build_error()}"
+
+
+def int8_isas():
+    isa = quant_gemm.int8_isa()
+    return [i for i in (quant_gemm.ISA_AVX2, quant_gemm.ISA_VNNI) if i <= isa]
+
+
+def _int8_case(m, k, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * 3
+    w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    w[0, :] = 127  # the largest sums: every product 127 · 127 or -128 · 127
+    return x, w, torch.rand(n, generator=g) / 100 + 1e-3, torch.randn(n, generator=g)
+
+
+def test_a_path_runs_here(built):
+    assert quant_gemm.int8_isa() in (quant_gemm.ISA_AVX2, quant_gemm.ISA_VNNI)
+
+
+def test_row_quantization_matches_compressed_tensors_rounding(built):
+    x = torch.randn(9, 37) * 5
+    x[3] = 0  # an all-zero row: zeros, not NaNs
+    x[4, :4] = torch.tensor([127.5, -1.5, 0.5, 2.5])  # ties round to even
+    q, scale = quant_gemm.quantize_rows(x)
+    q_ref, scale_ref = quant_gemm.quantize_rows_ref(x)
+    assert q.shape == (9, 40) and (q[:, 37:] == 0).all()
+    assert torch.equal(q[:, :37], q_ref)
+    assert torch.equal(scale, scale_ref)
+
+
+@pytest.mark.parametrize("shape", INT8_SHAPES, ids=str)
+def test_int8_sums_are_exact(built, shape):
+    m, k, n = shape
+    x, w, _, _ = _int8_case(m, k, n, seed=m)
+    q, _ = quant_gemm.quantize_rows(x)
+    q[0, :k] = -128  # the most negative activation against the most positive weights
+    packed, comp = quant_gemm.pack_int8(w)
+    ref = (q[:, :k].long() @ w.long().t()).to(torch.int32)
+    for isa in int8_isas():
+        assert torch.equal(quant_gemm.int8_gemm_int32(q, packed, comp, n, isa), ref), f"isa {isa}"
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("shape", INT8_SHAPES, ids=str)
+def test_int8_linear_matches_reference(built, shape, bias):
+    m, k, n = shape
+    x, w, w_scale, b = _int8_case(m, k, n, seed=n)
+    b = b if bias else None
+    packed, comp = quant_gemm.pack_int8(w)
+    ref = quant_gemm.int8_linear_ref(x, w, w_scale, b)
+    for isa in int8_isas():
+        y = quant_gemm.int8_linear(x, packed, comp, w_scale, b, isa)
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5, msg=lambda e: f"isa {isa}: {e}")
+
+
+def _int4_case(m, k, n, group, symmetric, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-8, 8, (n, k), generator=g, dtype=torch.int8)
+    scale = torch.rand(n, k // group, generator=g) / 10 + 1e-3
+    zero = None if symmetric else torch.randint(-8, 8, (n, k // group), generator=g, dtype=torch.int8)
+    return torch.randn(m, k, generator=g), q, scale, zero
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("shape", INT4_SHAPES, ids=str)
+def test_int4_decode_and_dequantize_match_reference(built, shape, symmetric):
+    m, k, n, group = shape
+    x, q, scale, zero = _int4_case(m, k, n, group, symmetric, seed=k + n)
+    packed, sc = quant_gemm.pack_int4(q, scale, zero)
+    w_ref = quant_gemm.int4_dequantize_ref(q, scale, zero)
+    torch.testing.assert_close(quant_gemm.int4_dequantize(packed, sc, n, torch.float32), w_ref, rtol=1e-5, atol=1e-6)
+    if not quant_gemm.int4_supported():
+        pytest.fail("the W4A16 decode kernel needs AVX-512, which this CPU lacks")
+    bias = torch.randn(n)
+    ref = x.double() @ w_ref.double().t() + bias.double()
+    y = quant_gemm.int4_decode(x, packed, sc, bias, n)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-4)

@@ -1,0 +1,333 @@
+"""Scenes asked about the way people type (issue 49): the generator's world (scenes.py) widened.
+
+On top of `scenes.image_scene`'s pictures and questions, a typed scene has
+- crowded pictures: five or six smaller shapes that may overlap more (each keeps CROWDED_VISIBLE of
+  itself), and canvases of more sizes and aspect ratios;
+- relation questions (qtype "relation"): what is above / below / left / right of a named shape, the
+  shape at the top / bottom / furthest left / right, the biggest and the smallest, and yes/no
+  "is the A above / left of the B"; each asked only where the picture gives one plain answer, read from
+  the label mask (visible centres and areas); the answer names the shape ("A square.", with its colour
+  when two shapes share a kind);
+- counts of one colour ("how many red shapes?");
+- questions from outside its world ("what breed is the dog?", "read the text"), answered with
+  `scenes.CANNOT_TELL`, about drawn pictures and pictures with no known shape alike;
+- every question rewritten as typed (phrasing.py): short forms built from parts, word order, casing,
+  punctuation, a missing question mark.
+
+The plain generator (`scenes.samples`) is unchanged, so its evaluation stays comparable across
+checkpoints; `samples` here is this wider world's evaluation.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from vlserve.builtin import scenes
+from vlserve.builtin.phrasing import parts, retype
+from vlserve.builtin.scenes import QA, Scene, Shape
+
+RELATION_QTYPE = "relation"
+QTYPES = (*scenes.IMAGE_QTYPES, RELATION_QTYPE, scenes.OUTSIDE_QTYPE)
+EXTRA_SIZES = ((240, 180), (180, 240), (256, 144), (144, 256), (200, 100), (100, 200), (224, 168), (320, 240))
+CROWDED_SHARE = 0.3
+CROWDED_VISIBLE = 0.55
+FOREIGN_SHARE = 0.5  # of typed scenes: one question from outside the world among its questions
+RETYPE_SHARE = 0.7  # of questions: rewritten as typed
+MAX_RELATIONS = 3  # of a scene's relation questions, so that they do not crowd out the rest
+GAP = 0.14  # fraction of the view by which one shape must be above / left of another to say so
+
+# ---------------------------------------------------------------- short forms, from parts
+
+COLOUR_HEADS = ("what colour", "what color", "which colour", "which color", "colour", "color", "what shade")
+COLOUR_LINKS = ("is the {}", "of the {}", "for the {}", "does the {} have", "has the {}", "is that {}", "the {} is")
+SHAPE_HEADS = ("what shape", "which shape", "what", "shape", "what kind of shape", "what sort of shape")
+SHAPE_LINKS = ("is the {} one", "is {}", "is the {} thing", "is the {} object", "of the {} one", "has colour {}",
+               "is in {}", "is coloured {}")
+COUNT_HEADS = ("how many", "number of", "count the", "total number of")
+COUNT_LINKS = ("{}", "{} are there", "{} do you see", "{} are drawn", "{} can you count", "{} in all")
+WHERE_HEADS = ("where is", "where's", "where", "position of", "where would I find", "in what part is",
+               "location:")
+WHERE_LINKS = ("the {}", "the {} located", "the {} placed", "the {} in the image", "the {} sitting")
+EXISTS_HEADS = ("is there", "any", "do you see", "is there any", "can I see", "does it contain", "got",
+                "does this have")
+EXISTS_LINKS = ("{}", "a {}", "a {} in it", "a {} anywhere", "a {} at all")
+CAPTION_QS = ("what's there", "what do we have here", "describe", "describe everything", "what shapes are there",
+              "list the shapes", "caption", "caption please", "what is drawn", "what does it show",
+              "what's in the picture", "tell me what's drawn", "name every shape", "what's shown",
+              "summarise the picture", "one-line description")
+
+# ---------------------------------------------------------------- relations, from parts
+
+RELATION_HEADS = ("what is", "what's", "which shape is", "what shape is", "which one is", "name the shape",
+                  "what lies", "which is", "what shape do you see")
+RELATIONS = {"above": ("above", "over", "on top of", "higher than", "up from"),
+             "below": ("below", "under", "underneath", "lower than", "down from"),
+             "left": ("to the left of", "left of", "on the left of", "at the left of"),
+             "right": ("to the right of", "right of", "on the right of", "at the right of")}
+EXTREMES = {"top": ("at the top", "highest", "nearest the top", "the top one", "uppermost"),
+            "bottom": ("at the bottom", "lowest", "nearest the bottom", "the bottom one"),
+            "left": ("furthest left", "leftmost", "on the far left", "the left-most one", "farthest to the left"),
+            "right": ("furthest right", "rightmost", "on the far right", "farthest to the right"),
+            "big": ("the biggest", "the largest", "biggest", "largest", "the biggest one", "the largest one"),
+            "small": ("the smallest", "smallest", "the smallest one", "the littlest")}
+YESNO_RELATIONS = {"above": ("above", "over", "higher than"), "left": ("left of", "to the left of", "on the left of")}
+
+# ---------------------------------------------------------------- outside its world, from parts
+
+ANIMALS = ("dog", "cat", "horse", "bird", "cow", "fish", "rabbit", "puppy", "kitten", "lion", "duck")
+PEOPLE = ("man", "woman", "child", "boy", "girl", "person", "lady", "baby", "player", "teacher")
+THINGS = ("car", "bus", "house", "tree", "flower", "phone", "bottle", "chair", "laptop", "cup", "bike", "boat",
+          "building", "mountain", "street", "table", "shoe", "hat")
+WRITING = ("text", "words", "sign", "label", "caption text", "letters", "writing", "note", "title", "number plate")
+ATTRIBUTES = {ANIMALS: ("breed", "species", "name", "age", "mood"),
+              PEOPLE: ("name", "age", "job", "mood", "nationality"),
+              THINGS: ("brand", "price", "model", "make", "size in metres")}
+FOREIGN_FORMS = ("what {a} is the {n}", "what's the {n}'s {a}", "tell me the {n}'s {a}", "which {a} is this {n}",
+                 "what is the {a} of the {n}", "guess the {n}'s {a}", "do you know the {a} of the {n}")
+DOING_FORMS = ("what is the {n} doing", "what is the {n} holding", "what is the {n} wearing", "is the {n} happy",
+               "why is the {n} there", "what is the {n} looking at", "where is the {n} going",
+               "what colour is the {n}", "how many {n}s are there", "where is the {n}", "is there a {n}",
+               "what does the {n} eat", "who owns the {n}")
+WRITING_FORMS = ("read the {w}", "what does the {w} say", "transcribe the {w}", "translate the {w}",
+                 "spell out the {w}", "what is written on the {w}", "copy the {w}", "what font is the {w} in")
+GENERAL = ("who took this photo", "where was this taken", "what season is it", "what year is this from",
+           "is it raining", "how hot is it", "who made this", "what movie is this", "who painted it",
+           "what's the capital of France", "write a poem about it", "what time of day is it", "is this real",
+           "what city is this", "what is the date today", "what does this mean", "how much is it worth",
+           "who is that", "what country is this", "what is the man's name", "what is the weather")
+
+
+def foreign_question(rng: random.Random) -> str:
+    """A question no circle, square or triangle answers."""
+    pick = rng.random()
+    if pick < 0.35:
+        group = rng.choice(list(ATTRIBUTES))
+        q = rng.choice(FOREIGN_FORMS).format(a=rng.choice(ATTRIBUTES[group]), n=rng.choice(group))
+    elif pick < 0.65:
+        q = rng.choice(DOING_FORMS).format(n=rng.choice(ANIMALS + PEOPLE + THINGS))
+    elif pick < 0.85:
+        q = rng.choice(WRITING_FORMS).format(w=rng.choice(WRITING))
+    else:
+        q = rng.choice(GENERAL)
+    return q[0].upper() + q[1:] + ("." if q.split()[0] in ("read", "tell", "transcribe", "translate", "spell", "copy",
+                                                        "guess", "write") else "?")
+
+
+# ---------------------------------------------------------------- pictures
+
+
+def crowded_shapes(rng: random.Random) -> tuple[list[Shape], np.ndarray]:
+    """Five or six smaller shapes, each keeping CROWDED_VISIBLE of itself."""
+    while True:
+        n = rng.choice((5, 6))
+        colours = [rng.choice(list(scenes.COLOURS)) for _ in range(n)] if rng.random() < 0.4 else \
+            rng.sample(list(scenes.COLOURS), n)
+        shapes = []
+        for colour in colours:
+            size = rng.uniform(0.13, 0.3)
+            h = size / 2 + 0.02
+            shapes.append(Shape(rng.choice(scenes.SHAPES), colour, rng.uniform(h, 1 - h), rng.uniform(h, 1 - h), size))
+        mask = scenes.label_mask(shapes)
+        if all((mask == k + 1).sum() >= CROWDED_VISIBLE * scenes.shape_mask(s).sum() for k, s in enumerate(shapes)):
+            return shapes, mask
+
+
+def _picture(rng: random.Random) -> tuple[list[Shape], np.ndarray]:
+    if rng.random() < CROWDED_SHARE:
+        return crowded_shapes(rng)
+    while True:
+        n = rng.choice((1, 2, 2, 3, 3, 4))
+        placed = scenes.place_shapes(n, rng, scenes._colours(n, rng))
+        if placed is not None:
+            return placed
+
+
+# ---------------------------------------------------------------- questions
+
+
+def _names(shapes: list[Shape]) -> list[str | None]:
+    """How each shape can be named alone: its kind if it is the only one, else colour and kind if that
+    pair is unique, else None."""
+    out = []
+    for s in shapes:
+        same_kind = sum(t.shape == s.shape for t in shapes)
+        same_pair = sum((t.shape, t.colour) == (s.shape, s.colour) for t in shapes)
+        out.append(s.shape if same_kind == 1 else f"{s.colour} {s.shape}" if same_pair == 1 else None)
+    return out
+
+
+def _answer(shapes: list[Shape], k: int) -> str:
+    s = shapes[k]
+    kinds_unique = len({t.shape for t in shapes}) == len(shapes)
+    said = s.shape if kinds_unique else f"{s.colour} {s.shape}"
+    if not kinds_unique and sum((t.shape, t.colour) == (s.shape, s.colour) for t in shapes) > 1:
+        return ""
+    return f"{scenes._cap(scenes._article(said))} {said}."
+
+
+def relation_qas(shapes: list[Shape], centres, mask: np.ndarray, rng: random.Random) -> list[QA]:
+    """Every relation question the picture answers plainly (see the module docstring)."""
+    n = len(shapes)
+    if n < 2:
+        return []
+    names = _names(shapes)
+    areas = [int((mask == k + 1).sum()) for k in range(n)]
+    out: list[QA] = []
+
+    def add(question: str, k: int) -> None:
+        answer = _answer(shapes, k)
+        if answer:
+            out.append(QA(question, answer, RELATION_QTYPE, about=k))
+
+    for k in range(n):  # what is above / below / left / right of the shape named
+        if names[k] is None:
+            continue
+        x, y = centres[k]
+        others = [j for j in range(n) if j != k]
+        for rel, axis, sign in (("above", 1, -1), ("below", 1, 1), ("left", 0, -1), ("right", 0, 1)):
+            beyond = [j for j in others if sign * (centres[j][axis] - centres[k][axis]) > GAP]
+            unclear = [j for j in others if abs(centres[j][axis] - centres[k][axis]) <= GAP]
+            if len(beyond) == 1 and not unclear:
+                head = rng.choice(RELATION_HEADS)
+                add(f"{head} {rng.choice(RELATIONS[rel])} the {names[k]}?", beyond[0])
+    for extreme, key, reverse, gap in (("top", lambda j: centres[j][1], False, GAP),
+                                       ("bottom", lambda j: centres[j][1], True, GAP),
+                                       ("left", lambda j: centres[j][0], False, GAP),
+                                       ("right", lambda j: centres[j][0], True, GAP),
+                                       ("big", lambda j: areas[j], True, None),
+                                       ("small", lambda j: areas[j], False, None)):
+        order = sorted(range(n), key=key, reverse=reverse)
+        first, second = key(order[0]), key(order[1])
+        plain = abs(first - second) > gap if gap is not None else max(first, second) > 1.7 * min(first, second)
+        if plain:
+            add(f"{rng.choice(RELATION_HEADS)} {rng.choice(EXTREMES[extreme])}?", order[0])
+    named = [k for k in range(n) if names[k] is not None]
+    if len(named) >= 2:  # yes/no: is the A above / left of the B
+        a, b = rng.sample(named, 2)
+        for rel, axis in (("above", 1), ("left", 0)):
+            d = centres[b][axis] - centres[a][axis]
+            if abs(d) > GAP:
+                verb = rng.choice(("is the {} {} the {}?", "is the {} {} the {} or not?", "the {} is {} the {}?"))
+                out.append(QA(verb.format(names[a], rng.choice(YESNO_RELATIONS[rel]), names[b]).capitalize(),
+                              "Yes." if d > 0 else "No.", RELATION_QTYPE, about=a))
+    return out
+
+
+def short_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
+    """One short question of each image type, recombined from parts (names as `_names`)."""
+    names = _names(shapes)
+    out: list[QA] = []
+    by_kind = [k for k in range(len(shapes)) if sum(t.shape == shapes[k].shape for t in shapes) == 1]
+    if by_kind:
+        k = rng.choice(by_kind)
+        out.append(QA(parts(rng, COLOUR_HEADS, COLOUR_LINKS, shapes[k].shape), f"{scenes._cap(shapes[k].colour)}.",
+                      "colour", about=k))
+    by_colour = [k for k in range(len(shapes)) if sum(t.colour == shapes[k].colour for t in shapes) == 1]
+    if by_colour:
+        k = rng.choice(by_colour)
+        s = shapes[k]
+        out.append(QA(parts(rng, SHAPE_HEADS, SHAPE_LINKS, s.colour), f"{scenes._cap(scenes._article(s.shape))} "
+                      f"{s.shape}.", "shape", about=k))
+    pick = rng.random()
+    if pick < 0.4:
+        noun = rng.choice(("shapes", "things", "objects", "figures"))
+        q = rng.choice(("how many?", "how many", "count", "count them", "how many are there?", "number?",
+                        parts(rng, COUNT_HEADS, COUNT_LINKS, noun)))
+        n = len(shapes)
+    elif pick < 0.7:
+        kind = rng.choice(scenes.SHAPES)
+        q, n = parts(rng, COUNT_HEADS, COUNT_LINKS, kind + "s"), sum(s.shape == kind for s in shapes)
+    else:
+        colour = rng.choice([s.colour for s in shapes] + list(scenes.COLOURS))
+        noun = rng.choice(("shapes", "things", "ones", "objects"))
+        q, n = parts(rng, COUNT_HEADS, COUNT_LINKS, f"{colour} {noun}"), sum(s.colour == colour for s in shapes)
+    out.append(QA(q, scenes.count_word(n), "count"))
+    placed = [k for k in range(len(shapes)) if names[k] and scenes.horizontal(centres[k][0])
+              and scenes.vertical(centres[k][1])]
+    if placed:
+        k = rng.choice(placed)
+        out.append(QA(parts(rng, WHERE_HEADS, WHERE_LINKS, names[k]),
+                      scenes.where_phrase(scenes.horizontal(centres[k][0]), scenes.vertical(centres[k][1])),
+                      "position", about=k))
+    if rng.random() < 0.5:
+        k = rng.randrange(len(shapes))
+        colour, kind, answer, about = shapes[k].colour, shapes[k].shape, "Yes.", k
+    else:
+        pairs = {(s.colour, s.shape) for s in shapes}
+        colour, kind = rng.choice([(c, s) for c in scenes.COLOURS for s in scenes.SHAPES if (c, s) not in pairs])
+        answer, about = "No.", None
+    link = rng.choice(EXISTS_LINKS)
+    if "a {}" in link and colour[0] in "aeiou":
+        link = link.replace("a {}", "an {}")
+    out.append(QA(f"{rng.choice(EXISTS_HEADS)} {link.format(f'{colour} {kind}')}?".replace("any a ", "any "),
+                  answer, "exists", about=about))
+    out.append(QA(rng.choice(CAPTION_QS) + "?", scenes.caption_of(shapes, centres), "caption"))
+    return out
+
+
+def typed_scene(rng: random.Random) -> Scene:
+    """A picture (crowded at times, on a canvas of any listed size) with the plain generator's
+    questions, the short forms, relations, a colour count and, at times, a question from outside."""
+    shapes, mask = _picture(rng)
+    view = scenes.View(*rng.choice(scenes.PICTURE_SIZES + EXTRA_SIZES))
+    bg_kind, bg_name = rng.choice(scenes.BACKGROUND_KINDS), rng.choice(list(scenes.BACKGROUNDS))
+    img = scenes.render(shapes, view, bg_kind, bg_name, rng)
+    centres = scenes.centroids(mask, len(shapes))
+    qas = scenes._image_qas(shapes, centres, rng) + short_qas(shapes, centres, rng)
+    relations = relation_qas(shapes, centres, mask, rng)
+    qas += rng.sample(relations, min(MAX_RELATIONS, len(relations)))
+    if rng.random() < FOREIGN_SHARE:
+        qas.append(QA(foreign_question(rng), scenes.CANNOT_TELL, scenes.OUTSIDE_QTYPE))
+    qas = [QA(retype(qa.question, rng) if rng.random() < RETYPE_SHARE else qa.question, qa.answer, qa.qtype, qa.about)
+           for qa in qas]
+    return Scene([img], [mask], [shapes], bg_name, qas)
+
+
+def typed_outside_scene(rng: random.Random) -> Scene:
+    """A picture with no known shape, asked the plain questions and questions from outside, as typed."""
+    scene = scenes.outside_scene(rng)
+    qas = [QA(retype(foreign_question(rng) if rng.random() < 0.4 else qa.question, rng), qa.answer, qa.qtype)
+           for qa in scene.qas]
+    return Scene(scene.frames, scene.masks, scene.objects, scene.background, qas)
+
+
+MOTION_VERBS = ("move", "go", "travel", "head", "run", "roll", "float", "fly", "slip", "sail", "creep", "zoom",
+                "dash", "walk", "race", "hurry", "steer", "coast")
+DIRECTION_FORMS = ("which way does the {s} {v}", "where does it {v}", "in which direction does the {s} {v}",
+                   "which direction does it {v} in", "where does the {s} {v} to", "the {s} {v}s which way",
+                   "{v} direction", "towards where does the {s} {v}", "which way", "direction?")
+EVENT_QS = ("what's happening", "what goes on", "what happens here", "what does it do", "what is the {s} up to",
+            "what changes", "what happens over time", "summarise the video", "tell me what happens")
+
+
+def typed_video_scene(rng: random.Random, n_frames: int | None = None) -> Scene:
+    """A video with its plain questions and, as typed, direction and event questions with more verbs."""
+    scene = scenes.video_scene(rng, n_frames)
+    shape = scene.qas[0].answer.split()[-1].rstrip(".")
+    qas = list(scene.qas)
+    for qa in scene.qas:
+        if qa.qtype == "direction":
+            q = rng.choice(DIRECTION_FORMS).format(s=shape, v=rng.choice(MOTION_VERBS))
+            qas.append(QA(q[0].upper() + q[1:].rstrip("?") + "?", qa.answer, qa.qtype))
+        if qa.qtype == "event":
+            qas.append(QA(rng.choice(EVENT_QS).format(s=shape).capitalize() + "?", qa.answer, qa.qtype))
+    qas = [QA(retype(qa.question, rng) if rng.random() < RETYPE_SHARE else qa.question, qa.answer, qa.qtype, qa.about)
+           for qa in qas]
+    return Scene(scene.frames, scene.masks, scene.objects, scene.background, qas)
+
+
+def samples(n: int, seed: int) -> list[scenes.Sample]:
+    """`n` questions of the typed world, types in equal shares (round-robin); "outside" alternates
+    between drawn pictures and pictures with no known shape."""
+    rng = random.Random(seed)
+    out: list[scenes.Sample] = []
+    while len(out) < n:
+        want = QTYPES[len(out) % len(QTYPES)]
+        scene = typed_outside_scene(rng) if want == scenes.OUTSIDE_QTYPE and rng.random() < 0.5 else typed_scene(rng)
+        options = [qa for qa in scene.qas if qa.qtype == want]
+        if options:
+            qa = rng.choice(options)
+            out.append(scenes.Sample(scene.frames, qa.question, qa.answer, qa.qtype))
+    return out
