@@ -197,6 +197,9 @@ def test_router_keys_a_video_as_the_engine(tmp_path):
         assert expected.count(engine.tokenizer.convert_tokens_to_ids("<|vision_start|>")) == 2
         ids = engine.tokenizer(body["text"])["input_ids"]  # the same as input_ids: the timestamps' tokens spliced in
         assert engine.tokenize(input_ids=ids, video_data=[uri], media_io_kwargs=body["media_io_kwargs"]) == expected
+        # the chat route's `<video>` marker (a video_url part) stands where the template puts the pad
+        assert engine.tokenize(prompt="<video>What happens?", video_data=[uri],
+                               media_io_kwargs=body["media_io_kwargs"]) == expected
     assert got == expected
 
 

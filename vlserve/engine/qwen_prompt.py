@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from vlserve.core.errors import InvalidRequest
 from vlserve.core.request import ImageSpan
-from vlserve.engine.prompt import tokenize_text
+from vlserve.engine.prompt import VIDEO_MARKER, tokenize_text
 from vlserve.preprocess import MediaOptions, ProcessedImage, check_image_count, pad_values
 from vlserve.preprocess.qwen_vl_video import QWEN3_VL
 
@@ -91,7 +91,11 @@ def qwen_expanded(builder, prompt: str | None, input_ids: list[int] | None, imag
         ids = tokenize_text(builder.tokenizer, prompt)
         missing_images = max(0, len(images) - ids.count(cfg.image_token_id))
         missing_videos = max(0, len(videos) - ids.count(cfg.video_token_id))
-        text = IMAGE_WRAPPER * missing_images + VIDEO_WRAPPER * missing_videos + prompt
+        # the `<video>` marker every family takes (what the chat route writes for a video part) is
+        # the video's place, as the chat template places its pad
+        markers = min(prompt.count(VIDEO_MARKER), missing_videos)
+        text = prompt.replace(VIDEO_MARKER, VIDEO_WRAPPER, markers)
+        text = IMAGE_WRAPPER * missing_images + VIDEO_WRAPPER * (missing_videos - markers) + text
         if timestamped:
             text = with_qwen3_video_text(text, videos)
         if text != prompt:
