@@ -91,6 +91,8 @@ class QwenVLImage:
     image_size: tuple[int, int]  # (height, width) before processing
     num_tokens: int  # grid_h*grid_w / merge²: the decoder's positions for it
     role: str = "image"  # or VIDEO_PATCH
+    second_per_grid_t: float | None = None  # a Qwen2.5-VL video patch: the seconds it spans (its positions scale)
+    timestamp: float | None = None  # a Qwen3-VL video patch: its time in seconds, written before it
 
     @property
     def grid_thw(self) -> tuple[int, int, int]:
@@ -157,6 +159,14 @@ class QwenVLProcessing:
         """With a request's mm_processor_kwargs: min_pixels / max_pixels, or transformers' `size`
         {shortest_edge, longest_edge}; any other key is refused by name."""
         return self.with_pixels(*request_pixel_bounds(kwargs))
+
+    @property
+    def mm_processor_keys(self) -> frozenset[str]:
+        """The mm_processor_kwargs a request may give (preprocess/media_options.py)."""
+        return frozenset(PIXEL_KWARGS)
+
+    def with_mm_kwargs(self, **kwargs) -> "QwenVLProcessing":
+        return self.with_processor_kwargs(kwargs)
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         if not self.do_resize:

@@ -121,6 +121,13 @@ class QwenVLVideoProcessing:
         """With a request's mm_processor_kwargs (min_pixels / max_pixels / size), as for pictures."""
         return replace(self, frames=self.frames.with_processor_kwargs(kwargs))
 
+    @property
+    def mm_processor_keys(self) -> frozenset[str]:
+        return self.frames.mm_processor_keys
+
+    def with_mm_kwargs(self, **kwargs) -> "QwenVLVideoProcessing":
+        return self.with_processor_kwargs(kwargs)
+
     def sample_indices(self, total_frames: int, source_fps: float | None, num_frames: int | None = None,
                        fps: float | None = None) -> list[int]:
         """The source frames this model's video processor samples (its sample_frames) for a request's
@@ -190,8 +197,14 @@ class QwenVLVideoProcessing:
                   if self.model_type == QWEN3_VL else None)
         size = (int(height), int(width))
         patches = tuple(QwenVLImage(pair[None], video_patch_key(pair[None], seconds), size, f.tokens_for(pair[None]),
-                                    VIDEO_PATCH) for pair in pairs)
+                                    VIDEO_PATCH, seconds, None if stamps is None else stamps[i])
+                        for i, pair in enumerate(pairs))
         return QwenVLVideo(patches, seconds, stamps)
+
+    def process_sampled(self, video: SampledVideo) -> list[QwenVLImage]:
+        """A video read by video.read_video as its temporal patches, each carrying its seconds
+        (Qwen2.5-VL) or timestamp (Qwen3-VL): what prepare_video and the processed-media cache keep."""
+        return list(process_sampled_video(self, video).patches)
 
 
 def _qwen2_indices(p: QwenVLVideoProcessing, total: int, source_fps: float | None, num_frames: int | None,

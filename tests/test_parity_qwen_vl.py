@@ -4,18 +4,15 @@ within 1e-4 — text only, one picture of odd size, two pictures of different si
 with a video; page sizes 1 and 4; radix cache on and off; chunked prefill; and again from the cache,
 which then covers the media."""
 
-import threading
-
 import pytest
 import torch
 
 from helpers.qwen_helpers import (
-    ARCHS, SPECIAL, build_req, hf_greedy, hf_inputs, make_qwen_vl, random_picture, video_pad,
+    ARCHS, SPECIAL, assert_matches, build_req, hf_greedy, hf_inputs, make_qwen_vl, random_picture, run_reqs, video_pad,
 )
 from vlserve.engine.engine import Engine
 
 STEPS = 12
-TOL = 1e-4
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))
@@ -54,27 +51,6 @@ def _prompts(cfg):
     }
 
 
-def _run(engine: Engine, reqs) -> None:
-    done = [threading.Event() for _ in reqs]
-    for req, event in zip(reqs, done):
-        req.sink = lambda out, e=event: out.finished and e.set()
-    engine.submit(reqs)
-    for event in done:
-        assert event.wait(120), "request did not finish"
-    for req in reqs:
-        assert req.finish_reason == "length", req.finish_reason
-
-
-def _assert_matches(req, ref_ids, ref_logprobs):
-    assert req.output_ids == ref_ids
-    for step, (token, lp, ref) in enumerate(zip(req.output_ids, req.output_logprobs, ref_logprobs)):
-        assert abs(lp - float(ref[token])) < TOL, f"step {step}: {lp} vs {float(ref[token])}"
-    top = req.output_top_logprobs[0]
-    ref_values, ref_top = ref_logprobs[0].topk(20)
-    assert [t for _, t in top] == ref_top.tolist()
-    assert torch.allclose(torch.tensor([v for v, _ in top]), ref_values, atol=TOL)
-
-
 @pytest.mark.parametrize("page_size,radix,chunk", [(1, True, 2048), (4, True, 2048), (1, False, 2048),
                                                    (4, True, 8)])
 def test_engine_matches_transformers(checkpoint, hf, page_size, radix, chunk):
@@ -84,13 +60,13 @@ def test_engine_matches_transformers(checkpoint, hf, page_size, radix, chunk):
         prompts = _prompts(cfg)
         refs = {name: hf_greedy(hf, hf_inputs(ids, pics, cfg), STEPS) for name, (ids, pics) in prompts.items()}
         first = [build_req(ids, pics, cfg, STEPS, rid=name) for name, (ids, pics) in prompts.items()]
-        _run(engine, first)
+        run_reqs(engine, first)
         for req in first:
-            _assert_matches(req, *refs[req.rid])
+            assert_matches(req, *refs[req.rid])
         again = [build_req(ids, pics, cfg, STEPS, rid=name) for name, (ids, pics) in prompts.items()]
-        _run(engine, again)  # the same prompts: from the cache when it is on
+        run_reqs(engine, again)  # the same prompts: from the cache when it is on
         for req in again:
-            _assert_matches(req, *refs[req.rid])
+            assert_matches(req, *refs[req.rid])
             if radix:
                 assert req.cached_tokens >= len(req.input_ids) - page_size, (req.rid, req.cached_tokens)
                 # the cache covers the media but the prompt's last page (page_size > 1: it is not shared)
@@ -145,11 +121,27 @@ def test_videos_sharing_first_frames_share_their_kv(qwen2_vl):
         shared_end = len(prefix) + 4 * 6
         for i, (ids, media) in enumerate([clip, video_a, video_b, picture]):
             req = build_req(ids, media, cfg, 3, rid=f"r{i}")
-            _run(engine, [req])
+            run_reqs(engine, [req])
             ref_ids, ref_logprobs = hf_greedy(hf, hf_inputs(ids, media, cfg), 3)
-            _assert_matches(req, ref_ids, ref_logprobs)
+            assert_matches(req, ref_ids, ref_logprobs)
             if i in (1, 2):  # the 4 shared pairs' KV came from the cache, nothing after them
                 assert req.cached_tokens == shared_end, (i, req.cached_tokens)
             else:  # the first request; the picture shares only the text before it
                 assert req.cached_tokens == (0 if i == 0 else len(prefix)), (i, req.cached_tokens)
 
+
+
+def test_retracted_requests_keep_their_positions(checkpoint, hf):
+    """A pool too small for the batch's decodes retracts requests; their re-prefill reads the same
+    M-RoPE positions from the request, so every answer still matches transformers."""
+    with Engine(checkpoint, max_total_tokens=160, new_token_ratio=0.0, disable_radix_cache=True) as engine:
+        cfg = engine.loaded.config
+        prompts = _prompts(cfg)
+        retracted = []
+        retract = engine.scheduler._retract
+        engine.scheduler._retract = lambda req: (retracted.append(req.rid), retract(req))
+        reqs = [build_req(ids, media, cfg, STEPS, rid=name) for name, (ids, media) in prompts.items()]
+        run_reqs(engine, reqs)
+        assert retracted, "the pool was large enough that nothing was retracted"
+        for req in reqs:
+            assert_matches(req, *hf_greedy(hf, hf_inputs(*prompts[req.rid], cfg), STEPS))

@@ -4,6 +4,7 @@ request builder builds them (pseudo tokens at the media positions, M-RoPE positi
 
 import json
 import os
+import threading
 
 import numpy as np
 import torch
@@ -16,6 +17,7 @@ from vlserve.preprocess.qwen_vl_keys import VIDEO_PATCH, video_patch_key
 from vlserve.testing.bpe import train_byte_level_bpe
 
 MERGE, TEMPORAL = 2, 2
+TOL = 1e-4  # parity with transformers, fp32
 TEXT_VOCAB = 300  # the trained BPE's; the special tokens follow, the decoder's rows are padded past them
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
            "<|image_pad|>", "<|video_pad|>"]
@@ -142,3 +144,26 @@ def hf_greedy(hf, inputs: dict, steps: int) -> tuple[list[int], list[torch.Tenso
                       return_dict_in_generate=True)
     n = inputs["input_ids"].shape[1]
     return out.sequences[0, n:].tolist(), [torch.log_softmax(x[0].float(), -1) for x in out.logits]
+
+
+def run_reqs(engine, reqs: list[Req]) -> None:
+    """Submit built requests and wait until each has generated max_new_tokens."""
+    done = [threading.Event() for _ in reqs]
+    for req, event in zip(reqs, done):
+        req.sink = lambda out, e=event: out.finished and e.set()
+    engine.submit(reqs)
+    for event in done:
+        assert event.wait(120), "request did not finish"
+    for req in reqs:
+        assert req.finish_reason == "length", req.finish_reason
+
+
+def assert_matches(req: Req, ref_ids: list[int], ref_logprobs: list[torch.Tensor]) -> None:
+    """Greedy ids equal, each step's logprob and the prefill's top-20 within TOL of transformers'."""
+    assert req.output_ids == ref_ids
+    for step, (token, lp, ref) in enumerate(zip(req.output_ids, req.output_logprobs, ref_logprobs)):
+        assert abs(lp - float(ref[token])) < TOL, f"step {step}: {lp} vs {float(ref[token])}"
+    top = req.output_top_logprobs[0]
+    ref_values, ref_top = ref_logprobs[0].topk(20)
+    assert [t for _, t in top] == ref_top.tolist()
+    assert torch.allclose(torch.tensor([v for v, _ in top]), ref_values, atol=TOL)

@@ -106,6 +106,20 @@ def mp4(num_frames: int = 6, size: int = 32) -> bytes:
     return buf.getvalue()
 
 
+def lossless_video(frames: list[np.ndarray], rate: int = 6) -> bytes:
+    """A Matroska/FFV1 video of these RGB frames: lossless, so equal frames decode to equal pixels."""
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="matroska") as container:
+        stream = container.add_stream("ffv1", rate=rate)
+        stream.height, stream.width, stream.pix_fmt = *frames[0].shape[:2], "bgr0"
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
 def png_bomb(width: int = 50_000, height: int = 50_000) -> bytes:
     """A valid PNG header claiming width x height pixels, with almost no data."""
     import struct

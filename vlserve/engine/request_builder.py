@@ -112,7 +112,7 @@ class RequestBuilder:
             raise InvalidRequest("give exactly one of prompt (text) or input_ids")
         if self.config.mrope is not None:  # Qwen-VL: <|image_pad|> expanded by the grid (engine/qwen_prompt.py)
             return qwen_expanded(self, prompt, input_ids, _as_list(image_data, "image_data"),
-                                 _as_list(video_data, "video_data"))
+                                 _as_list(video_data, "video_data"), options, scope)
         ids, ordered = self._tokens(prompt, input_ids, _as_list(image_data, "image_data"),
                                     _as_list(video_data, "video_data"), options, scope)
         return expand_image_tokens(ids, self.config.image_token_id, ordered, self.config.image_tokens)

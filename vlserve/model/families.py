@@ -7,6 +7,7 @@ which family it serves. Every refusal names what was found and lists what is sup
 """
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 from torch import nn
@@ -22,6 +23,7 @@ from vlserve.model.qwen_vl import (
 )
 from vlserve.preprocess import AnyresProcessing, ImageProcessing
 from vlserve.preprocess.qwen_vl import QwenVLProcessing
+from vlserve.preprocess.qwen_vl_media import QwenVLMediaProcessing
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,15 @@ class Family:
     build_model: Callable[[ModelConfig], nn.Module]  # built on the meta device, then loaded
     config_from_hf: Callable[[Any], ModelConfig]
     image_processing: Callable[[dict], Any]  # ImageProcessing / AnyresProcessing from the image-processor config dict
+    # pictures and videos from the image- and video-processor configs (Qwen-VL); None: image_processing serves both
+    media_processing: Callable[[dict, dict | None], Any] | None = None
+
+    def processing(self, image_config: dict, video_config: dict | None = None) -> Any:
+        """The processing the request builder holds: from preprocessor_config.json and, for a family
+        with its own video processor, video_preprocessor_config.json (None where the checkpoint has none)."""
+        if self.media_processing is None:
+            return self.image_processing(image_config)
+        return self.media_processing(image_config, video_config)
 
     def describe(self) -> str:
         return f"{self.architecture} (text: {', '.join(self.text_models)}; vision: {', '.join(self.vision_models)})"
@@ -66,19 +77,22 @@ QWEN2_VL = Family(
     architecture="Qwen2VLForConditionalGeneration", model_type="qwen2_vl",
     text_models=("qwen2_vl_text",), vision_models=("qwen2_vl_vision",),
     build_model=Qwen2VLForServing, config_from_hf=qwen_vl_config_from_hf,
-    image_processing=QwenVLProcessing.from_hf_config)
+    image_processing=QwenVLProcessing.from_hf_config,
+    media_processing=partial(QwenVLMediaProcessing.from_hf_configs, "qwen2_vl"))
 
 QWEN2_5_VL = Family(
     architecture="Qwen2_5_VLForConditionalGeneration", model_type="qwen2_5_vl",
     text_models=("qwen2_5_vl_text",), vision_models=("qwen2_5_vl_vision",),
     build_model=Qwen25VLForServing, config_from_hf=qwen_vl_config_from_hf,
-    image_processing=QwenVLProcessing.from_hf_config)
+    image_processing=QwenVLProcessing.from_hf_config,
+    media_processing=partial(QwenVLMediaProcessing.from_hf_configs, "qwen2_5_vl"))
 
 QWEN3_VL = Family(
     architecture="Qwen3VLForConditionalGeneration", model_type="qwen3_vl",
     text_models=("qwen3_vl_text",), vision_models=("qwen3_vl_vision",),
     build_model=Qwen3VLForServing, config_from_hf=qwen_vl_config_from_hf,
-    image_processing=QwenVLProcessing.from_hf_config)
+    image_processing=QwenVLProcessing.from_hf_config,
+    media_processing=partial(QwenVLMediaProcessing.from_hf_configs, "qwen3_vl"))
 
 FAMILIES: dict[str, Family] = {f.architecture: f for f in (LLAVA, LLAVA_NEXT, LLAVA_ONEVISION, LLAVA_NEXT_VIDEO,
                                                             QWEN2_VL, QWEN2_5_VL, QWEN3_VL)}

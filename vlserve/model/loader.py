@@ -32,6 +32,7 @@ WEIGHT_INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 PROCESSOR_FILE = "preprocessor_config.json"
 PROCESSOR_FALLBACK = "processor_config.json"  # current transformers keeps the image processor in here
+VIDEO_PROCESSOR_FILE = "video_preprocessor_config.json"  # a Qwen-VL checkpoint's video settings, where it has them
 
 # (prefix in the checkpoint, prefix in LlavaForServing); first match wins, so longer prefixes first.
 _KEY_PREFIXES = (
@@ -63,7 +64,7 @@ class LoadedModel:
     hf_config: Any
     dtype_note: str = ""  # how the dtype was chosen (said at start-up)
     family: Family | None = None  # the model/families.py entry it was loaded by
-    image_processing: ImageProcessing | None = None  # built by the family from processor_config
+    image_processing: ImageProcessing | None = None  # built by the family from processor_config (Qwen-VL: + video's)
 
 
 def native_key(key: str) -> str | None:
@@ -154,7 +155,7 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
         tokenizer.chat_template = _json(path, "chat_template.json").get("chat_template")
     processor_config = _json(path, PROCESSOR_FILE) or _json(path, PROCESSOR_FALLBACK)["image_processor"]
     try:
-        processing = family.image_processing(processor_config)
+        processing = family.processing(processor_config, _json(path, VIDEO_PROCESSOR_FILE) or None)
     except ValueError as e:
         raise CheckpointError(f"{path}: image processor config not served: {e}") from e
     return LoadedModel(path, cfg, model, tokenizer, processor_config, hf_config, note, family, processing)

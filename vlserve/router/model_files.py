@@ -12,6 +12,7 @@ from vlserve.model.families import family_for
 
 PROCESSOR_FILE = "preprocessor_config.json"
 PROCESSOR_FALLBACK = "processor_config.json"
+VIDEO_PROCESSOR_FILE = "video_preprocessor_config.json"
 
 
 @dataclass
@@ -20,7 +21,7 @@ class ModelFiles:
     tokenizer: object  # transformers PreTrainedTokenizerFast
     config: ModelConfig
     processor_config: dict
-    image_processing: object  # what the checkpoint's family builds from processor_config, as the loader does
+    image_processing: object  # what the checkpoint's family builds from its processor configs, as the loader does
 
     @classmethod
     def read(cls, path: str, chat_template: str | None = None) -> "ModelFiles":
@@ -38,7 +39,8 @@ class ModelFiles:
         processor = _json(path, PROCESSOR_FILE) or _json(path, PROCESSOR_FALLBACK).get("image_processor", {})
         hf_config = AutoConfig.from_pretrained(path)
         family = family_for(hf_config)  # the loader's table: anyres families key (and count) images their way
-        return cls(path, tokenizer, family.config_from_hf(hf_config), processor, family.image_processing(processor))
+        processing = family.processing(processor, _json(path, VIDEO_PROCESSOR_FILE) or None)
+        return cls(path, tokenizer, family.config_from_hf(hf_config), processor, processing)
 
 
 def _json(path: str, name: str) -> dict:
