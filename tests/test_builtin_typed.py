@@ -100,3 +100,19 @@ def test_a_plain_stream_draws_exactly_as_before():
         got = image_or_outside(a)
         want = scenes.outside_scene(b) if b.random() < 0.12 else scenes.image_scene(b)
         assert [qa.question for qa in got.qas] == [qa.question for qa in want.qas]
+
+
+def test_the_chat_template_puts_a_shouted_message_in_sentence_case():
+    from transformers import AutoTokenizer
+
+    from training.builtin.tokenizer import BUILTIN_CHAT_TEMPLATE
+    from vlserve.model.builtin import BUILTIN_MODEL_DIR
+
+    tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
+    tok.chat_template = BUILTIN_CHAT_TEMPLATE
+    render = lambda text: tok.apply_chat_template(  # noqa: E731
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}], tokenize=False,
+        add_generation_prompt=True)
+    assert render("WHERE IS THE RED SQUARE?") == "<s>USER: <image>\nWhere is the red square? ASSISTANT: "
+    assert render("Is the RED square there?").endswith("\nIs the RED square there? ASSISTANT: ")
+    assert render("how many?").endswith("\nhow many? ASSISTANT: ")
