@@ -212,6 +212,13 @@ class CpuLinear(nn.Linear):
         self.__dict__["_packed"] = packed
         return packed.numel() * packed.element_size()
 
+    def follow_replaced(self, replaced: dict[int, torch.Tensor]) -> None:
+        """The parameter this weight was packed from, held by another module, was replaced there by
+        replaced[id(old)] (the loader's copies out of the checkpoint's mapping): `weight` gives that."""
+        held = self.__dict__.get("_dropped", lambda: None)()
+        if held is not None and id(held) in replaced:
+            self.__dict__["_dropped"] = weakref.ref(replaced[id(held)])
+
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self.packed is not None:
