@@ -95,15 +95,7 @@ def main():
     for h in harnesses.values():
         h.run(2, 16, 8, 2, seed=99)
     names = list(configs)
-    results = {n: {b: {"prefill": [], "decode": []} for b in args.batches} for n in names}
-    for rep in range(args.repeats):
-        for b in args.batches:
-            for n in (names if rep % 2 == 0 else names[::-1]):
-                prefill, decode = harnesses[n].run(b, args.prompt, args.prefix, args.steps, seed=rep)
-                results[n][b]["prefill"].append(b * args.prompt / prefill)
-                results[n][b]["decode"].append(b * args.steps / decode)
-                print(f"rep {rep} B={b} {n}: prefill {results[n][b]['prefill'][-1]:.0f} tok/s, "
-                      f"decode {results[n][b]['decode'][-1]:.1f} tok/s", flush=True)
+    results = per_token.run_alternating(harnesses, args)
     args.configs = ",".join(names)
     text = per_token.report(results, args, names).replace("Per computed token", f"{args.dtype}: per computed token", 1)
     text += "\n" + "".join(f"- {n}: the linear layers' weights hold {sizes[n] / 1e6:.0f} MB\n" for n in names)
