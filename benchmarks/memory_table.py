@@ -19,7 +19,7 @@ from helpers.server_helpers import serve_builtin, stop_process  # noqa: E402
 
 from vlserve.bench.report import write_report  # noqa: E402
 
-SIZES = {"27M": (512, 2048, 6), "108M": (1024, 4096, 6), "210M": (1024, 4096, 12)}  # hidden, intermediate, layers
+SIZES = {"27M": (512, 2048, 6), "100M": (1024, 4096, 6), "200M": (1024, 4096, 12)}  # hidden, intermediate, layers
 
 
 def checkpoint(root: str, name: str) -> str:
@@ -50,7 +50,7 @@ def measure(path: str, dtype: str, pool: int) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="27M,108M,210M")
+    ap.add_argument("--sizes", default="27M,100M,200M")
     ap.add_argument("--pool", type=int, default=2048, help="KV pool tokens")
     ap.add_argument("--root", default="/tmp/vlserve-bench-models/memory-table")
     ap.add_argument("--out", default="benchmarks/results/memory_table.md")

@@ -3,8 +3,8 @@ dtype, the KV pool, and a fixed allowance (issue 52: <= 1.1 x the checkpoint's b
 dtype + the KV pool + 400 MB), in fp32 and bf16, with every fast path on (our kernels, the packed
 layouts, the fused ops).
 
-The serving process is a real `vlserve serve` on a random checkpoint of 433 MB in fp32 (108 M
-parameters: large enough that a second copy of the weights, 433 MB / 217 MB, would pass the bound
+The serving process is a real `vlserve serve` on a random checkpoint of 400 MB in fp32 (100 M
+parameters: large enough that a second copy of the weights, 400 MB / 200 MB, would pass the bound
 by far), written by the project's tiny writer with bigger shapes. Its memory is read from
 /proc/PID/status after it has answered a request: RssAnon + RssShmem, the memory the process holds
 itself. The shared libraries' file-backed pages (torch's and oneDNN's code, ~180 MB, shared with
