@@ -125,6 +125,17 @@ def main():
     harnesses = {n: Harness(model_dir, CONFIGS[n], max(args.batches), context, clock) for n in names}
     for h in harnesses.values():  # warm-up: first calls build kernels and oneDNN primitives
         h.run(2, 16, 8, 2, seed=99)
+    results = run_alternating(harnesses, args)
+    text = report(results, args, names)
+    write_report(args.out, text)
+    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+        json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+def run_alternating(harnesses: dict[str, Harness], args) -> dict:
+    """Each batch size on every configuration in turn (the order reversed every second repeat);
+    tokens/s per configuration, batch size and phase."""
+    names = list(harnesses)
     results = {n: {b: {"prefill": [], "decode": []} for b in args.batches} for n in names}
     for rep in range(args.repeats):
         for b in args.batches:
@@ -134,10 +145,7 @@ def main():
                 results[n][b]["decode"].append(b * args.steps / decode)
                 print(f"rep {rep} B={b} {n}: prefill {results[n][b]['prefill'][-1]:.0f} tok/s, "
                       f"decode {results[n][b]['decode'][-1]:.1f} tok/s", flush=True)
-    text = report(results, args, names)
-    write_report(args.out, text)
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump({"args": vars(args), "results": results}, f, indent=1)
+    return results
 
 
 def report(results: dict, args, names: list[str]) -> str:

@@ -29,7 +29,8 @@ PEAK_ROWS = 2048
 
 
 def linear_params(module: nn.Module) -> int:
-    return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
+    # in x out, not .weight: a packed CpuLinear derives its weight when asked (cpu/gemm.py)
+    return sum(m.in_features * m.out_features for m in module.modules() if isinstance(m, nn.Linear))
 
 
 def decoder_flops(model, cfg, positions: list[int]) -> float:

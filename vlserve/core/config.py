@@ -57,9 +57,12 @@ class EngineArgs(CLIArgs):
     disable_radix_cache: bool = False
     attention_backend: str | None = _opt(None, "default: triton with CUDA, else torch (the batched CPU kernel)",
                                          ATTENTION_BACKENDS)
-    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: --mem-fraction-static of free memory)")
-    mem_fraction_static: float = _opt(0.3, "share of free memory (GPU, else host) the KV pool takes when "
-                                           "--max-total-tokens is not given")
+    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: what --mem-fraction-static "
+                                              "leaves after the weights)")
+    mem_fraction_static: float = _opt(0.3, "share of the memory the engine can use (a GPU's total; on the host, "
+                                           "what was available at start) for the weights and the KV pool together, "
+                                           "as SGLang's flag; the pool gets what the loaded weights leave of it "
+                                           "when --max-total-tokens is not given")
     page_size: int = 1
     tp_size: int = _opt(1, "tensor parallelism: N processes, each holding 1/N of the decoder (gloo on the CPU, "
                            "NCCL on GPUs)")

@@ -44,3 +44,16 @@ def keep_freed_memory() -> bool:
                ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, KEEP_BELOW), (M_TRIM_THRESHOLD, TRIM_ABOVE)))
     log.debug("glibc malloc keeps freed memory: %s", done)
     return done
+
+
+def release_freed_memory() -> bool:
+    """Hands the heap's free pages back to the kernel (glibc's malloc_trim): once, after loading, when
+    the checkpoint's plain tensors are dropped for their packed layouts and keep_freed_memory would
+    otherwise keep their pages resident for good. False where malloc is not glibc's."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    return bool(trim(0))

@@ -20,15 +20,15 @@ from vlserve.constrained import CompileBudget, CompileWorkers, ConstraintCompile
 from vlserve.core.config import EngineArgs, KernelConfig, MemoryConfig, SchedulerConfig, pick
 from vlserve.core.errors import EngineBusy
 from vlserve.core.request import Req, StepOutput
-from vlserve.cpu.allocator import keep_freed_memory
-from vlserve.cpu.prefault import prefault_for_serving
+from vlserve.cpu.allocator import keep_freed_memory, release_freed_memory
+from vlserve.cpu.prefault import activation_bytes, prefault_for_serving
 from vlserve.cpu.threads import configure_compute_threads, media_workers
 from vlserve.engine.compute_thread import ComputeThread
 from vlserve.engine.loop import EngineLoop, step
 from vlserve.engine.output import OutputAssembler
 from vlserve.engine.request_builder import RequestBuilder
 from vlserve.engine.stats_log import StatsLog
-from vlserve.memory.pools import KVMemory, KVShape, default_max_total_tokens
+from vlserve.memory.pools import KVMemory, KVShape
 from vlserve.metrics import Metrics
 from vlserve.distributed.launcher import TensorParallelGroup, group_spec, threads_per_rank
 from vlserve.distributed.tp_runner import TensorParallelError, TensorParallelRunner
@@ -37,6 +37,7 @@ from vlserve.model.attention import default_backend_name
 from vlserve.model.tensor_parallel import check_shardable, kv_heads_per_rank
 from vlserve.model.builtin import builtin_model_path
 from vlserve.model.hub import resolve_model_path
+from vlserve.engine.memory_budget import MemoryBudget, usable_bytes, weight_bytes
 from vlserve.model.loader import load_model
 from vlserve.preprocess import DEFAULT_NUM_FRAMES, MediaLimits, ProcessedImageCache
 from vlserve.runner.model_runner import ModelRunner
@@ -68,7 +69,10 @@ class Engine:
 
     def _build(self, args: EngineArgs, threads: int, device: str) -> None:
         path = resolve_model_path(args.model, args.revision) if args.model else builtin_model_path()
+        usable = usable_bytes(device)  # before the weights take their share
         self.loaded = load_model(path, dtype=args.dtype, device=device, kernels=KernelConfig.from_args(args))
+        if device == "cpu":
+            release_freed_memory()  # the checkpoint's plain tensors, dropped once packed
         text = self.loaded.config.text
         if args.tp_size > 1:
             check_shardable(text.num_heads, text.num_kv_heads, text.intermediate_size, args.tp_size)
@@ -79,9 +83,17 @@ class Engine:
         if args.chat_template:
             self.tokenizer.chat_template = _read_template(args.chat_template)
         self.metrics = Metrics(args.model_name(), args.metrics_names)
+        self.memory_budget = MemoryBudget(usable, args.mem_fraction_static, weight_bytes(self.loaded.model),
+                                          self._kv_shape().bytes_per_slot)
         self.memory = self._make_memory(device)
         if device == "cpu":  # the first big batch's pages, faulted in now rather than while it runs
             prefault_for_serving(text, self.memory.kv, args.chunked_prefill_size, self.loaded.config.dtype.itemsize)
+        self.memory_budget.kv_pool = sum(b.numel() * b.element_size()
+                                         for b in self.memory.kv.k_buffers + self.memory.kv.v_buffers)
+        self.memory_budget.pool_tokens = self.memory.allocator.capacity
+        self.memory_budget.activations = activation_bytes(text, args.chunked_prefill_size,
+                                                          self.loaded.config.dtype.itemsize)
+        self.memory_budget.log()
         self.context_len = self.memory.context_len
         eos = self._eos_token_ids()
         backend = args.attention_backend or default_backend_name()
@@ -132,17 +144,24 @@ class Engine:
         threading.Thread(target=compiler.token_vocab, name="vlserve-grammar-vocab", daemon=True).start()
         return compiler
 
-    def _make_memory(self, device: str) -> KVMemory:
+    def _kv_shape(self) -> KVShape:
         cfg, text = self.loaded.config, self.loaded.config.text
         # under tensor parallelism each rank's pool holds its KV heads for every slot
-        shape = KVShape(text.num_layers, kv_heads_per_rank(text.num_kv_heads, self.args.tp_size), text.head_dim,
-                        cfg.dtype)
+        return KVShape(text.num_layers, kv_heads_per_rank(text.num_kv_heads, self.args.tp_size), text.head_dim,
+                       cfg.dtype)
+
+    def _make_memory(self, device: str) -> KVMemory:
+        cfg, shape = self.loaded.config, self._kv_shape()
         limit, why = cfg.context_limit
         context = min(self.args.context_length or limit, limit)
         self.context_note = why if why and context == limit else ""  # said at start-up and in 400s
         if self.context_note:
             log.warning("context length %d: %s", context, self.context_note)
-        total = self.args.max_total_tokens or default_max_total_tokens(shape, self.args.mem_fraction_static)
+        total = self.args.max_total_tokens
+        if not total:
+            total, note = self.memory_budget.pool_tokens_for_fraction()
+            if note:
+                log.warning("KV pool: %s", note)
         return KVMemory.create(shape, pick(MemoryConfig, self.args, max_total_tokens=total, context_length=context),
                                device)
 

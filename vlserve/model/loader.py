@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from vlserve.core.config import KernelConfig
 from vlserve.core.errors import CheckpointError
-from vlserve.cpu.gemm import native_bf16, native_fp16, use_cpu_gemm
+from vlserve.cpu.gemm import CpuLinear, native_bf16, native_fp16, use_cpu_gemm
 from vlserve.model.config import ModelConfig, parse_dtype
 from vlserve.model.families import Family, family_for
 from vlserve.model.llava import LlavaForServing
@@ -141,6 +141,7 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
         raise CheckpointError(f"{path}: weights do not match the config: missing {missing[:8]}, "
                               f"unexpected {unexpected[:8]}")
     model.load_state_dict(state, strict=False, assign=True)
+    del state  # the model holds each tensor now: packing a linear's weight (use_cpu_gemm) frees its plain one
     if cfg.text.tie_word_embeddings:  # assign=True replaced embed_tokens.weight; re-tie the head to it
         model.lm_head.weight = model.language_model.embed_tokens.weight
     _materialise_buffers(model, cfg)
@@ -149,7 +150,9 @@ def load_model(path: str, dtype: str | torch.dtype | None = None, device: str = 
     pack_quantized_linears(model)
     model = model.to(device).eval()
     if kernels.cpu_gemm and torch.device(device).type == "cpu":
-        use_cpu_gemm(model, kernels.small_gemm)
+        use_cpu_gemm(model, kernels.small_gemm)  # each linear's weight turned into its one resident layout
+    if torch.device(device).type == "cpu":
+        _release_the_mapping(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if not getattr(tokenizer, "chat_template", None):  # the processor's chat_template.json, as AutoProcessor reads it
         tokenizer.chat_template = _json(path, "chat_template.json").get("chat_template")
@@ -229,6 +232,33 @@ def _with_generation_eos(cfg: ModelConfig, path: str) -> ModelConfig:
     extra = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int)]
     ids = tuple(dict.fromkeys([*cfg.text.eos_token_ids, *extra]))
     return cfg if ids == cfg.text.eos_token_ids else replace(cfg, text=replace(cfg.text, eos_token_ids=ids))
+
+
+def _release_the_mapping(model: torch.nn.Module) -> None:
+    """safetensors hands out tensors that view its memory-mapped file, so loading copies nothing; but
+    while one of them lives the whole mapping stays, with every page read through it resident
+    (packing a linear's weight reads them all). So the tensors kept as they are (norms, embeddings,
+    biases) are copied out once here, and the mapping goes with the last view of it."""
+    copies: dict[int, torch.Tensor] = {}  # a tensor two modules hold (tied weights) stays one tensor
+    originals = []
+    with torch.no_grad():
+        for module in model.modules():
+            for table in (module._parameters, module._buffers):
+                for name, t in table.items():
+                    if t is not None and t.device.type == "cpu" and not t.is_mkldnn:
+                        if id(t) not in copies:
+                            copies[id(t)] = _own_copy(t)
+                            originals.append(t)  # alive until the packed layers follow their copies
+                        table[name] = copies[id(t)]
+        for module in model.modules():
+            if isinstance(module, CpuLinear):
+                module.follow_replaced(copies)
+
+
+def _own_copy(t: torch.Tensor) -> torch.Tensor:
+    if isinstance(t, torch.nn.Parameter):
+        return torch.nn.Parameter(t.detach().clone(), requires_grad=t.requires_grad)
+    return t.clone()
 
 
 def _with_dtype(cfg: ModelConfig, dtype: torch.dtype) -> ModelConfig:

@@ -68,7 +68,8 @@ def admin_router(engine, args: ServerArgs) -> APIRouter:
         info = {k: v for k, v in dataclasses.asdict(args).items() if k != "api_key"}
         state = {"kv_pool_tokens": engine.pool_state(), "kv_pool_capacity_tokens": engine.memory.allocator.capacity,
                  "num_waiting_requests": len(engine.scheduler.waiting),
-                 "num_running_requests": len(engine.scheduler.running), "context_length": engine.context_len}
+                 "num_running_requests": len(engine.scheduler.running), "context_length": engine.context_len,
+                 "memory_usage": engine.memory_budget.memory_usage()}  # SGLang's keys, and the bytes
         return {**info, "version": vlserve.__version__, "internal_states": [state]}
 
     @router.post("/tokenize")
