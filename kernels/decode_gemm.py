@@ -49,5 +49,26 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return _ops().pack_weight(weight)
 
 
+def packed_bytes(out_features: int, in_features: int, dtype: torch.dtype) -> int:
+    """The bytes pack() makes of an [out_features, in_features] weight: blocks of 16 columns (the last
+    zero padded), steps of one fp32 or two bf16 elements of K in 32-bit words."""
+    steps = -(-in_features // 2) if dtype == torch.bfloat16 else in_features
+    return -(-out_features // 16) * 16 * steps * 4
+
+
+def unpack(packed: torch.Tensor, out_features: int, in_features: int, dtype: torch.dtype,
+           columns: range | None = None) -> torch.Tensor:
+    """pack()'s inverse: the plain [out_features, in_features] weight (or its rows `columns`, whose
+    start is a multiple of 16), a new tensor."""
+    first, last = (0, out_features) if columns is None else (columns.start, columns.stop)
+    blocks = packed[first // 16: -(-last // 16)]
+    if dtype == torch.bfloat16:  # a word is (w[c][2s], w[c][2s + 1]), the first in its low half
+        plain = blocks.view(torch.bfloat16).unflatten(-1, (16, 2)).permute(0, 2, 1, 3).reshape(-1, 2 * packed.shape[1])
+        plain = plain[:, :in_features]
+    else:
+        plain = blocks.view(torch.float32).permute(0, 2, 1).reshape(-1, in_features)
+    return plain[:last - first].contiguous()
+
+
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
     return _ops().linear(x, packed, out_features, bias)

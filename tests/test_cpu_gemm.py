@@ -1,6 +1,7 @@
 """CpuLinear (vlserve/cpu/gemm.py): the same products as F.linear on every path it takes
-(our small-row kernel below SMALL_ROWS, MKL below ONEDNN_MIN_ROWS where the kernel is unavailable,
-oneDNN above; bf16 as is or widened to fp32), and the switch of a model's layers."""
+(our kernel on the one packed layout; on a plain weight our small-row kernel below SMALL_ROWS, MKL
+below ONEDNN_MIN_ROWS where the kernel is unavailable, oneDNN above; bf16 as is or widened to fp32),
+one resident layout per weight, and the switch of a model's layers."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlserve.cpu import gemm as cpu_gemm
+from vlserve.kernels import decode_gemm
 from vlserve.cpu.gemm import ONEDNN_MIN_ROWS, SMALL_ROWS, UPCAST_MIN_ROWS, CpuLinear, use_cpu_gemm
 
 ROWS = [1, ONEDNN_MIN_ROWS - 1, ONEDNN_MIN_ROWS, UPCAST_MIN_ROWS - 1, UPCAST_MIN_ROWS, SMALL_ROWS - 1, SMALL_ROWS, 300]
@@ -21,9 +23,18 @@ def _pair(bias: bool, dtype: torch.dtype):
     return plain, use_cpu_gemm(fast)
 
 
+@pytest.fixture(params=["packed", "plain"])
+def layout(request, monkeypatch):
+    """Each product test on both layouts: packed where our kernel runs the dtype, and plain (as on a
+    CPU where it does not)."""
+    if request.param == "plain":
+        monkeypatch.setattr(cpu_gemm, "packed_kernel_rows", lambda dtype: range(0))
+    return request.param
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("rows", ROWS)
-def test_fp32_matches_f_linear(bias, rows):
+def test_fp32_matches_f_linear(bias, rows, layout):
     plain, fast = _pair(bias, torch.float32)
     assert isinstance(fast, CpuLinear)
     x = torch.randn(rows, 96)
@@ -31,7 +42,7 @@ def test_fp32_matches_f_linear(bias, rows):
 
 
 @pytest.mark.parametrize("rows", ROWS)
-def test_bf16_matches_f_linear(rows):
+def test_bf16_matches_f_linear(rows, layout):
     plain, fast = _pair(True, torch.bfloat16)
     x = torch.randn(rows, 96).bfloat16()
     out = fast(x)
@@ -45,14 +56,15 @@ def test_bf16_widening_only_without_native_kernels(monkeypatch):
     calls = []
     real = cpu_gemm._onednn
     monkeypatch.setattr(cpu_gemm, "_onednn", lambda x, w, b: calls.append(x.dtype) or real(x, w, b))
+    monkeypatch.setattr(cpu_gemm, "packed_kernel_rows", lambda dtype: range(0))  # a plain weight
     _, fast = _pair(False, torch.bfloat16)
-    x = torch.randn(300, 96).bfloat16()  # past the small-row and the decode-rows kernels
+    assert fast.packed is None
+    x = torch.randn(300, 96).bfloat16()  # past the small-row kernel
     monkeypatch.setattr(cpu_gemm, "native_bf16", lambda: True)
     fast(x)
-    assert torch.float32 not in calls  # bf16 as it is (through the packed weight where that pays)
+    assert calls == [torch.bfloat16]  # bf16 as it is
     calls.clear()
     monkeypatch.setattr(cpu_gemm, "native_bf16", lambda: False)
-    monkeypatch.setattr(cpu_gemm, "packed_weights_pay", lambda dtype: dtype == torch.float32)
     fast(x)
     assert calls == [torch.float32]
 
@@ -70,43 +82,82 @@ def test_batched_input_and_state_dict_are_kept():
     torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
 
 
+def _packs(dtype: torch.dtype) -> bool:
+    return bool(cpu_gemm.packed_kernel_rows(dtype))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_weight_follows_the_parameter(monkeypatch, dtype):
-    """The packed copy is rebuilt when the weight changes in place or is replaced: never a stale product."""
-    if dtype == torch.bfloat16 and not cpu_gemm.native_bf16():
-        # oneDNN packs bf16 weights only where it has bf16 kernels: elsewhere the path is never taken
-        assert not cpu_gemm.packed_weights_pay(torch.bfloat16)
+def test_one_resident_layout_per_weight(dtype):
+    """Where our kernel runs the dtype, the weight is held once, packed: no plain parameter, no
+    oneDNN copy; `weight` and the state dict give back the same values."""
+    plain, fast = _pair(True, dtype)
+    if not _packs(dtype):
+        assert fast.packed is None and "weight" in fast._parameters
         return
-    monkeypatch.setattr(cpu_gemm, "packed_weights_pay", lambda d: torch.backends.mkldnn.is_available())
+    assert "weight" not in fast._parameters and fast.packed is not None
+    assert fast.packed.numel() * 4 == decode_gemm.packed_bytes(72, 96, dtype)
+    assert not any(isinstance(v, torch.Tensor) and v is not fast.packed for v in fast.__dict__.values())
+    assert fast.cpu_gemm_report.packed_bytes == decode_gemm.packed_bytes(72, 96, dtype)
+    assert torch.equal(fast.weight, plain.weight)
+    assert torch.equal(fast.state_dict()["weight"], plain.weight)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_new_weight_is_packed_again(dtype):
+    """Assigning a weight or loading a state dict replaces the packed layout: never a stale product."""
     plain, fast = _pair(True, dtype)
     x = torch.randn(40, 96).to(dtype)
     first = fast(x)
-    assert "_packed" in fast.__dict__
     with torch.no_grad():
-        fast.weight.mul_(-1)
         plain.weight.mul_(-1)
+    fast.load_state_dict(plain.state_dict())
+    assert (fast.packed is not None) == _packs(dtype)
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.1, rtol=0.02)
     torch.testing.assert_close(fast(x), plain(x), **tol)
-    fast.weight = nn.Parameter(torch.zeros_like(fast.weight))
+    fast.weight = nn.Parameter(torch.zeros(72, 96, dtype=dtype))
     assert torch.equal(fast(x).float(), fast.bias.float().expand(40, -1))
+    assert (fast.packed is not None) == _packs(dtype)  # packed again at its first use
     assert not torch.equal(first, fast(x))
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        fast.load_state_dict({"weight": torch.zeros(72, 95, dtype=dtype), "bias": fast.bias})
 
 
-def test_weights_are_packed_at_load_unless_memory_is_short(monkeypatch):
-    monkeypatch.setattr(cpu_gemm, "packed_weights_pay", lambda d: torch.backends.mkldnn.is_available())
-    _, fast = _pair(False, torch.float32)  # use_cpu_gemm packed it, with this machine's free memory
-    assert "_packed" in fast.__dict__
-    _, short = _pair(False, torch.float32)
-    short.__dict__.pop("_packed")
-    assert cpu_gemm.pack_weights([short], free_bytes=96 * 72 * 4 * 3) == 0  # copies over a quarter of what is free
-    assert short.pack is False
-    x = torch.randn(40, 96)
-    torch.testing.assert_close(short(x), F.linear(x, short.weight), atol=1e-5, rtol=1e-5)
-    assert "_packed" not in short.__dict__  # ran on the plain weight
-    # one copy for oneDNN, and one for the decode-rows kernel where that runs (kernels/decode_gemm.py)
-    copies = 1 + cpu_gemm.decode_weights_pay(torch.float32)
-    assert cpu_gemm.pack_weights([short], free_bytes=96 * 72 * 4 * 4 * copies) == 96 * 72 * 4 * copies
-    assert ("_decode_packed" in short.__dict__) == (copies == 2)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_past_the_kernels_run_oneDNN_on_unpacked_chunks(monkeypatch, dtype):
+    """AVX2 and AMX prefills: oneDNN over the packed layout's columns, unpacked a chunk at a time."""
+    if not _packs(dtype):
+        pytest.skip(f"our kernel does not run {dtype} here: nothing is packed")
+    monkeypatch.setattr(cpu_gemm, "packed_kernel_rows", lambda d: range(1, 9))
+    monkeypatch.setattr(cpu_gemm, "UNPACK_COLUMNS", 32)  # three chunks of 72 columns, the last short
+    plain, fast = _pair(True, dtype)
+    x = torch.randn(3, 50, 96).to(dtype)
+    assert fast.path(150, dtype) == "unpacked" and fast.path(8, dtype) == "packed"
+    out = fast(x)
+    assert out.shape == (3, 50, 72)
+    exact = F.linear(x.float(), plain.weight.float(), plain.bias.float())
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), exact, atol=tol * exact.abs().max().item(), rtol=tol)
+
+
+def test_a_shared_weight_is_packed_only_while_the_copy_fits(caplog):
+    """A tied LM head keeps the embedding's plain weight, so its packed layout is an extra copy: past
+    PACK_MEMORY_SHARE of the free memory it stays plain, and the log names the layer and the cost."""
+    if not _packs(torch.float32):
+        pytest.skip("our kernel does not run fp32 here: nothing is packed")
+    emb = nn.Embedding(72, 96)
+    head = CpuLinear.from_linear(nn.Linear(96, 72, bias=False))
+    head.weight = emb.weight
+    size = decode_gemm.packed_bytes(72, 96, torch.float32)
+    with caplog.at_level("WARNING"):
+        report = cpu_gemm.pack_weights({"lm_head": head}, shared={id(emb.weight)}, free_bytes=3 * size)
+    assert head.packed is None and report.extra_bytes == 0 and report.plain[0][0] == "lm_head"
+    assert "lm_head" in caplog.text and "slower" in caplog.text
+    x = torch.randn(4, 96)
+    torch.testing.assert_close(head(x), F.linear(x, emb.weight), atol=1e-5, rtol=1e-5)
+    assert head.packed is None  # not packed behind the report's back at first use
+    head.pack_on_use = True
+    report = cpu_gemm.pack_weights({"lm_head": head}, shared={id(emb.weight)}, free_bytes=4 * size)
+    assert head.packed is not None and report.extra_bytes == size and emb.weight.shape == (72, 96)
 
 
 def test_onednn_row_counts_are_padded_to_a_few_buckets_with_amx():
@@ -143,14 +194,14 @@ def test_padded_onednn_calls_return_the_real_rows_only(dtype, shape):
 
 @pytest.fixture
 def pretend_amx(monkeypatch):
-    """Pretends the CPU has (True) or lacks (False) AMX tiles for one test. decode_gemm_rows is cached
+    """Pretends the CPU has (True) or lacks (False) AMX tiles for one test. packed_kernel_rows is cached
     per process and reads amx_bf16: an answer computed under the pretence must not outlive the test
     (test_decode_gemm.py would then find this CPU's bf16 rows to be an AMX CPU's)."""
     def pretend(has_amx: bool) -> None:
         monkeypatch.setattr(cpu_gemm, "amx_bf16", lambda: has_amx)
-        cpu_gemm.decode_gemm_rows.cache_clear()
+        cpu_gemm.packed_kernel_rows.cache_clear()
     yield pretend
-    cpu_gemm.decode_gemm_rows.cache_clear()
+    cpu_gemm.packed_kernel_rows.cache_clear()
 
 
 def test_bf16_primitives_are_not_warmed_without_amx(monkeypatch, pretend_amx):

@@ -12,7 +12,7 @@ from torch import nn
 
 from vlserve.kernels import decode_gemm
 from vlserve.cpu import gemm as cpu_gemm
-from vlserve.cpu.gemm import DECODE_GEMM_ROWS, CpuLinear, use_cpu_gemm
+from vlserve.cpu.gemm import PACKED_KERNEL_ROWS, CpuLinear, use_cpu_gemm
 
 from test_cpu_attention import cpu_flags, cpu_has_avx512_bf16
 
@@ -96,15 +96,12 @@ def test_rejects_what_it_cannot_compute(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("where", ["below", "first", "24", "last", "past"])
-def test_cpu_linear_takes_it_for_decode_rows_only(dtype, where, monkeypatch):
-    taken = cpu_gemm.decode_gemm_rows(dtype)
+@pytest.mark.parametrize("rows", [1, 7, 24, 64, 65, 128, 129, 300])
+def test_cpu_linear_takes_it_on_the_packed_layout(dtype, rows, monkeypatch):
+    taken = cpu_gemm.packed_kernel_rows(dtype)
     amx = dtype == torch.bfloat16 and cpu_gemm.amx_bf16() and cpu_gemm.native_bf16()
-    expected = cpu_gemm.amx_bf16_decode_rows() if amx else DECODE_GEMM_ROWS[decode_gemm.vector_bits()][dtype]
+    expected = cpu_gemm.amx_bf16_kernel_rows() if amx else PACKED_KERNEL_ROWS[decode_gemm.vector_bits()][dtype]
     assert taken == expected, "the kernel is built but never used, or takes rows oneDNN's AMX path runs faster"
-    rows = {"below": taken.start - 1, "first": taken.start, "24": 24, "last": taken.stop - 1, "past": taken.stop}[where]
-    if rows == 0:
-        return  # the range starts at one row: nothing below it
     calls = []
     real = decode_gemm.linear
     monkeypatch.setattr(decode_gemm, "linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
@@ -113,7 +110,7 @@ def test_cpu_linear_takes_it_for_decode_rows_only(dtype, where, monkeypatch):
     fast = nn.Linear(96, 72).to(dtype)
     fast.load_state_dict(plain.state_dict())
     fast = use_cpu_gemm(fast)
-    assert isinstance(fast, CpuLinear)
+    assert isinstance(fast, CpuLinear) and fast.packed is not None and "weight" not in fast._parameters
     x = torch.randn(rows, 96).to(dtype)
     out = fast(x)
     assert calls == ([rows] if rows in taken else [])
@@ -122,12 +119,10 @@ def test_cpu_linear_takes_it_for_decode_rows_only(dtype, where, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_packed_copy_follows_the_weight(dtype):
-    fast = use_cpu_gemm(nn.Linear(64, 32, bias=False).to(dtype))
-    x = torch.randn(8, 64).to(dtype)
-    before = fast(x)
-    with torch.no_grad():
-        fast.weight.mul_(2)  # in place: the copy must be rebuilt
-    torch.testing.assert_close(fast(x).float(), 2 * before.float(), atol=1e-4, rtol=TOLERANCE[dtype])
-    fast.weight = nn.Parameter(torch.zeros(32, 64).to(dtype))  # replaced
-    assert fast(x).abs().max() == 0
+@pytest.mark.parametrize("n,k", [(72, 96), (37, 64), (16, 2), (100, 30)])
+def test_unpack_gives_back_the_weight(dtype, n, k):
+    w = torch.randn(n, k).to(dtype)
+    packed = decode_gemm.pack(w)
+    assert packed.numel() * packed.element_size() == decode_gemm.packed_bytes(n, k, dtype)
+    assert torch.equal(decode_gemm.unpack(packed, n, k, dtype), w)
+    assert torch.equal(decode_gemm.unpack(packed, n, k, dtype, range(16, n)), w[16:])

@@ -67,20 +67,18 @@ def test_bad_arguments_raise(op):
         op(torch.randn(2, 8), torch.randn(4, 8), torch.randn(5))
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_cpu_linear_routes_small_batches_to_the_kernel(op, monkeypatch, packed):
-    """Without packed weights (AVX2) every row count under SMALL_ROWS takes the kernel; with them
-    (AVX-512) only those under the packed path's PACKED_MIN_ROWS."""
-    monkeypatch.setattr(cpu_gemm, "packed_weights_pay", lambda dtype: packed)
-    monkeypatch.setattr(cpu_gemm, "decode_gemm_rows", lambda dtype: range(0))  # its rows: test_decode_gemm.py
+def test_cpu_linear_routes_small_batches_of_a_plain_weight_to_the_kernel(op, monkeypatch):
+    """A plain weight (where our decode-rows kernel does not run its dtype): every row count under
+    SMALL_ROWS takes the kernel. A packed weight never does (test_decode_gemm.py)."""
+    monkeypatch.setattr(cpu_gemm, "packed_kernel_rows", lambda dtype: range(0))
     layer = cpu_gemm.use_cpu_gemm(torch.nn.Linear(64, 48))
+    assert layer.packed is None
     calls = []
     monkeypatch.setattr(small_gemm, "small_linear_op", lambda: (lambda *a: calls.append(a[0].shape[0]) or op(*a)))
-    few = cpu_gemm.PACKED_MIN_ROWS[torch.float32] - 1
-    for rows in (1, few, cpu_gemm.SMALL_ROWS - 1, cpu_gemm.SMALL_ROWS, 300):
+    for rows in (1, 3, cpu_gemm.SMALL_ROWS - 1, cpu_gemm.SMALL_ROWS, 300):
         x = torch.randn(rows, 64)
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    assert calls == ([1, few] if packed else [1, few, cpu_gemm.SMALL_ROWS - 1])
+    assert calls == [1, 3, cpu_gemm.SMALL_ROWS - 1]
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)

@@ -1,24 +1,32 @@
 """The GEMM path every linear layer takes on the CPU (CpuLinear.path), by row count, dtype and CPU.
 
-In order: decode batches (DECODE_GEMM_ROWS) go to our decode-rows kernel on a packed copy of the
-weight (vlserve.kernels.decode_gemm; bf16 on AMX tiles where the CPU has AMX); on AVX-512, oneDNN on a
-weight packed once at load (fp32 from PACKED_MIN_ROWS rows, bf16 at every size); below SMALL_ROWS our
-small-row kernel (vlserve.kernels.small_gemm, fp32, and bf16 without native bf16 kernels); oneDNN's
-inner product on the plain weight for fp32 from ONEDNN_MIN_ROWS; bf16 widened to fp32 from
-UPCAST_MIN_ROWS where the CPU lacks native bf16 (AVX2); else F.linear (MKL's gemv at 1-3 rows).
+Each weight is resident once, in one layout:
+- packed (kernels/decode_gemm.py's layout: 16 output columns per 64 bytes at each step of K) wherever
+  our kernel runs the dtype here (AVX-512: fp32, and bf16 with AVX512_BF16; AVX2: both). The plain
+  tensor is dropped once packed: `weight` is then derived from the packed layout when read (state
+  dicts, tensor-parallel sharding), a copy. Rows in PACKED_KERNEL_ROWS run our kernel on it; the
+  others (AVX2 and AMX prefills, where oneDNN is faster) run oneDNN on column chunks of the weight
+  unpacked per call into a scratch of at most UNPACK_COLUMNS columns ("unpacked").
+- plain elsewhere (the kernel not built, an odd K in bf16, --disable-cpu-gemm's nn.Linear): below
+  SMALL_ROWS our small-row kernel (vlserve.kernels.small_gemm, fp32, and bf16 without native bf16
+  kernels); oneDNN's inner product for fp32 from ONEDNN_MIN_ROWS; bf16 widened to fp32 from
+  UPCAST_MIN_ROWS where the CPU lacks native bf16 (AVX2); else F.linear (MKL's gemv at 1-3 rows).
 
 Why: at the few to few dozen rows serving runs, MKL and oneDNN reach a fraction of the core's rate
-while the step is bound by streaming the weights, which our kernels read once per step; oneDNN wins
-at prefill sizes, fastest on its own blocked layout. Half-precision oneDNN calls are padded to a few
-row counts (onednn_rows) so oneDNN builds each primitive once. The plain weight stays the parameter
-(state dicts, tied embeddings and the small-row kernel read it); packed copies are rebuilt if it
-changes, and skipped, with a warning, past PACK_MEMORY_SHARE of the memory left. The measurements
-behind each threshold: benchmarks/RESULTS.md, "CPU kernels".
+while the step is bound by streaming the weights, which our kernel reads once per step; on AVX-512
+it measured level with or ahead of oneDNN on oneDNN's own blocked layout at every row count up to
+2,048 (benchmarks/RESULTS.md, "One resident weight copy"), so that blocked copy, and the plain one
+beside it, are no longer kept. A weight another module also holds (a tied LM head's embedding) keeps
+its plain tensor there, and its packed layout is an extra copy: skipped past PACK_MEMORY_SHARE of the
+memory left, and the start-up log names those layers. Half-precision oneDNN calls are padded to a
+few row counts (onednn_rows) so oneDNN builds each primitive once.
 """
 
 import functools
 import logging
 import os
+import weakref
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -29,20 +37,20 @@ from vlserve.kernels import decode_gemm, small_gemm
 log = logging.getLogger(__name__)
 
 ONEDNN_MIN_ROWS = 4  # below this MKL's gemv / small sgemm was level or faster
-SMALL_ROWS = small_gemm.MAX_ROWS  # below this, our small-row kernel
+SMALL_ROWS = small_gemm.MAX_ROWS  # below this, our small-row kernel (plain weights)
 UPCAST_MIN_ROWS = 16  # bf16 without native kernels: from here the fp32 GEMM on a widened weight wins
-PACKED_MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}  # AVX-512: below 4 fp32 rows our kernel still wins
-PACK_MEMORY_SHARE = 0.25  # packed copies may take at most this share of the memory left at load
-PACK_HINT_ROWS = 32  # the batch size oneDNN picks the blocked layout for (1-2048 measured level from 4 rows)
-# Rows that go to our kernel on its own packed copy (kernels/decode_gemm.py), by the vector width it
-# was built for and the dtype: on AVX-512 the decode batches where oneDNN's packed path ran at 60-70%
-# of its prefill rate; on AVX2 (no packed path, no native bf16) up to where oneDNN catches up.
-DECODE_GEMM_ROWS = {512: {torch.float32: range(8, 65), torch.bfloat16: range(8, 65)},
-                    256: {torch.float32: range(8, 129), torch.bfloat16: range(1, 129)}}
+PACK_MEMORY_SHARE = 0.25  # packed layouts beside a plain weight kept for another module: at most this share
+UNPACK_COLUMNS = 1024  # the "unpacked" path's scratch: this many output columns of the weight at a time
+ANY_ROWS = range(1, 1 << 62)
+# Rows our kernel runs on the packed layout, by the vector width it was built for and the dtype: on
+# AVX-512 every count (level with or ahead of oneDNN on its blocked layout from 1 to 2,048 rows, one
+# Zen 5 core); on AVX2 (no native bf16) up to where oneDNN on the plain weight catches up.
+PACKED_KERNEL_ROWS = {512: {torch.float32: ANY_ROWS, torch.bfloat16: ANY_ROWS},
+                      256: {torch.float32: range(1, 129), torch.bfloat16: range(1, 129)}}
 # With AMX (Intel Sapphire Rapids and later) oneDNN's bf16 tiles outrun vdpbf16ps from 5 rows up
 # (1.6x at 8 rows, 5x at 32 on a Xeon, two threads, weights streamed), so our kernel takes bf16 rows
 # there only on AMX tiles of its own (decode_gemm.amx_max_rows(): up to 48), or 1-4 rows in
-# vdpbf16ps if its tiles are not granted. fp32 has no AMX path and keeps the AVX-512 rows.
+# vdpbf16ps if its tiles are not granted; larger counts go to oneDNN's tiles on unpacked chunks.
 AMX_BF16_VDP_ROWS = range(1, 5)
 
 
@@ -69,36 +77,21 @@ def native_fp16() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_fp16_supported()
 
 
-def decode_weights_pay(dtype: torch.dtype) -> bool:
-    """Whether some rows of `dtype` take kernels/decode_gemm.py here: it is built for this CPU (AVX-512
-    or AVX2) and runs `dtype` (bf16 on AVX-512 needs AVX512_BF16), and oneDNN is there beside it."""
-    return bool(decode_gemm_rows(dtype))
-
-
 @functools.cache
-def decode_gemm_rows(dtype: torch.dtype) -> range:
-    """The row counts of `dtype` that take kernels/decode_gemm.py on this CPU (empty: none)."""
+def packed_kernel_rows(dtype: torch.dtype) -> range:
+    """The row counts of `dtype` our kernel runs on the packed layout here; empty where it does not
+    run `dtype` (not built, or bf16 on AVX-512 without AVX512_BF16): weights of `dtype` stay plain."""
     if not torch.backends.mkldnn.is_available() or decode_gemm.decode_gemm_op(dtype) is None:
         return range(0)
     if dtype == torch.bfloat16 and amx_bf16() and native_bf16():
-        return amx_bf16_decode_rows()
-    return DECODE_GEMM_ROWS.get(decode_gemm.vector_bits(), {}).get(dtype, range(0))
+        return amx_bf16_kernel_rows()
+    return PACKED_KERNEL_ROWS.get(decode_gemm.vector_bits(), {}).get(dtype, range(0))
 
 
-def amx_bf16_decode_rows() -> range:
+def amx_bf16_kernel_rows() -> range:
     """bf16 rows for our kernel on an AMX CPU: its own tiles' rows, else the few vdpbf16ps wins."""
     tiles = decode_gemm.amx_max_rows()
     return range(1, tiles + 1) if tiles else AMX_BF16_VDP_ROWS
-
-
-@functools.cache
-def packed_weights_pay(dtype: torch.dtype) -> bool:
-    """Whether oneDNN on a packed weight is the fast path for `dtype` on this CPU: AVX-512 (measured
-    on an AMD EPYC; on AVX2 packing measured no faster than the plain weight), and for bf16 native
-    kernels."""
-    if not torch.backends.mkldnn.is_available() or torch.backends.cpu.get_cpu_capability() != "AVX512":
-        return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
 
 
 def onednn_rows(rows: int, coarse: bool | None = None) -> int:
@@ -140,8 +133,19 @@ def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return out
 
 
+@dataclass
+class PackReport:
+    """What pack_weights did: bytes of the layers' one resident layout, bytes of packed layouts kept
+    beside a plain weight another module holds, and the layers left plain with why and the cost."""
+
+    packed_bytes: int = 0
+    extra_bytes: int = 0
+    plain: list[tuple[str, str]] = field(default_factory=list)  # (layer, reason)
+
+
 class CpuLinear(nn.Linear):
-    """nn.Linear with the measured CPU GEMM path; same parameters and state-dict keys."""
+    """nn.Linear with the measured CPU GEMM path and one resident layout of its weight (packed where
+    our kernel runs its dtype); same state-dict keys."""
 
     use_small_gemm = True  # KernelConfig.small_gemm: off, the small-row kernel's rows go to oneDNN / MKL
 
@@ -155,66 +159,143 @@ class CpuLinear(nn.Linear):
         layer.use_small_gemm = use_small_gemm
         return layer
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The plain [out, in] weight: the parameter; once packed, the parameter it was packed from while
+        another module holds it (a tied embedding: tied weights stay one object), else a copy derived
+        from the packed layout. Assign a new weight to change it: the packed layout does not follow
+        an in-place change."""
+        param = self._parameters.get("weight")
+        if param is not None:
+            return param
+        packed = self.__dict__.get("_packed")
+        if packed is None:
+            raise AttributeError("weight")
+        held = self.__dict__["_dropped"]()  # the plain parameter, where another module still holds it
+        if held is not None:
+            return held
+        return decode_gemm.unpack(packed, self.out_features, self.in_features, self.__dict__["_dtype"])
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "weight":  # a new plain weight replaces the packed layout; packed again at first use
+            self.__dict__.pop("_packed", None)
+            self.__dict__["pack_on_use"] = True
+        super().__setattr__(name, value)
+
+    @property
+    def packed(self) -> torch.Tensor | None:
+        """The weight in kernels/decode_gemm.py's layout, or None while it is plain."""
+        return self.__dict__.get("_packed")
+
+    def weight_dtype(self) -> torch.dtype:
+        return self.__dict__["_dtype"] if self.packed is not None else self._parameters["weight"].dtype
+
+    def packable(self) -> bool:
+        """Whether our kernel runs this weight here (its dtype, a CPU tensor, bf16's K even)."""
+        w = self._parameters.get("weight")
+        if w is None or not w.is_cpu or w.dim() != 2 or not packed_kernel_rows(w.dtype):
+            return False
+        return w.dtype != torch.bfloat16 or w.shape[1] % 2 == 0
+
+    def pack(self) -> int:
+        """Packs the weight into our kernel's layout and drops the plain parameter; returns the packed
+        bytes (0: not packable, or packed already)."""
+        self.pack_on_use = False
+        if self.packed is not None or not self.packable():
+            return 0
+        w = self._parameters["weight"]
+        with torch.no_grad():
+            packed = decode_gemm.pack(w.detach())
+        del self._parameters["weight"]
+        self.__dict__["_dropped"] = weakref.ref(w)
+        self.__dict__["_dtype"] = w.dtype
+        self.__dict__["_packed"] = packed
+        return packed.numel() * packed.element_size()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.packed is not None:
+            destination[prefix + "weight"] = self.weight
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        weight = state_dict.pop(prefix + "weight", None) if self.packed is not None else None
+        if weight is not None:
+            if tuple(weight.shape) != (self.out_features, self.in_features):
+                error_msgs.append(f"size mismatch for {prefix}weight: {tuple(weight.shape)} in the state dict, "
+                                  f"{(self.out_features, self.in_features)} here")
+            else:
+                self.weight = nn.Parameter(weight.to(self.weight_dtype()), requires_grad=False)
+                self.pack()
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_cpu or x.dim() == 0:
             return F.linear(x, self.weight, self.bias)
-        path = self.path(x.numel() // x.shape[-1] if x.shape[-1] else 0, x.dtype)
-        if path == "decode":
-            return decode_gemm.linear(x, self.decode_weight(), self.out_features, self.bias)
+        if self.packed is None and self.__dict__.get("pack_on_use", True):
+            self.pack()  # a layer made after load (a tensor-parallel shard) or given a new weight
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        path = self.path(rows, x.dtype)
         if path == "packed":
-            return _onednn(x, self.packed_weight(), self.bias)
-        if path == "small":
-            return small_gemm.small_linear_op()(x.float(), self.weight, self.bias).to(x.dtype)
-        if path == "onednn":
-            return _onednn(x, self.weight, self.bias)
-        if path == "upcast":
-            bias = None if self.bias is None else self.bias.float()
-            return _onednn(x.float(), self.weight.float(), bias).to(torch.bfloat16)
-        return F.linear(x, self.weight, self.bias)
+            return decode_gemm.linear(x, self.packed, self.out_features, self.bias)
+        if path == "unpacked":
+            return self._unpacked_linear(x, rows)
+        return _plain_linear(path, x, self.weight, self.bias)
 
     def path(self, rows: int, dtype: torch.dtype) -> str:
-        """Where `rows` rows of `dtype` go: "decode" (our decode-rows kernel), "packed" (oneDNN on the
-        packed weight), "small" (the small-row kernel), "onednn" (oneDNN on the plain weight),
-        "upcast" (oneDNN in fp32 on a widened bf16 weight) or "torch" (F.linear)."""
-        packs = self.__dict__.get("pack", True) and self.weight.dtype == dtype
-        if packs and rows in decode_gemm_rows(dtype):
-            return "decode"
-        if packs and rows >= PACKED_MIN_ROWS.get(dtype, 1 << 62) and packed_weights_pay(dtype):
-            return "packed"
-        if 0 < rows < SMALL_ROWS and dtype in (torch.float32, torch.bfloat16) and self.weight.dtype == dtype:
-            if self.use_small_gemm and small_gemm.small_linear_op() is not None:
-                if dtype == torch.float32 or not native_bf16():
-                    return "small"
-        if dtype == torch.float32 and self.weight.dtype == torch.float32:
-            if rows >= ONEDNN_MIN_ROWS:
-                return "onednn"
-        elif dtype == torch.bfloat16 and rows >= UPCAST_MIN_ROWS and not native_bf16():
-            return "upcast"
-        return "torch"
+        """Where `rows` rows of `dtype` go: "packed" (our kernel on the packed layout), "unpacked"
+        (oneDNN on the packed layout's column chunks unpacked per call), or for a plain weight "small"
+        (the small-row kernel), "onednn" (oneDNN on the plain weight), "upcast" (oneDNN in fp32 on a
+        widened bf16 weight) or "torch" (F.linear)."""
+        if self.packed is not None and self.__dict__["_dtype"] == dtype:
+            return "packed" if rows in packed_kernel_rows(dtype) else "unpacked"
+        return plain_path(rows, dtype, self.weight.dtype, self.use_small_gemm)
 
-    def packed_weight(self) -> torch.Tensor:
-        """The weight in oneDNN's blocked layout (an opaque MkldnnCPU tensor), packed on first use and
-        again whenever the parameter is replaced or changed in place."""
-        return self._copy("_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT_ROWS))
+    def _unpacked_linear(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        """oneDNN over the weight's columns, UNPACK_COLUMNS at a time, each unpacked for this call."""
+        flat = x.reshape(rows, self.in_features)
+        dtype = self.__dict__["_dtype"]
+        y = x.new_empty(rows, self.out_features)
+        for first in range(0, self.out_features, UNPACK_COLUMNS):
+            cols = range(first, min(first + UNPACK_COLUMNS, self.out_features))
+            w = decode_gemm.unpack(self.packed, self.out_features, self.in_features, dtype, cols)
+            bias = None if self.bias is None else self.bias[cols.start:cols.stop]
+            y[:, cols.start:cols.stop] = _plain_linear(plain_path(rows, dtype, dtype, False), flat, w, bias)
+        return y.view(*x.shape[:-1], self.out_features)
 
-    def decode_weight(self) -> torch.Tensor:
-        """The weight packed for kernels/decode_gemm.py; kept and rebuilt like packed_weight."""
-        return self._copy("_decode_packed", decode_gemm.pack)
 
-    def _copy(self, slot: str, make) -> torch.Tensor:
-        key = (id(self.weight), self.weight._version, self.weight.data_ptr())
-        cached = self.__dict__.get(slot)
-        if cached is None or cached[0] != key:
-            with torch.no_grad():
-                cached = (key, make(self.weight.detach()))
-            self.__dict__[slot] = cached
-        return cached[1]
+def plain_path(rows: int, dtype: torch.dtype, weight_dtype: torch.dtype, use_small_gemm: bool) -> str:
+    """CpuLinear.path for a plain weight of weight_dtype."""
+    if 0 < rows < SMALL_ROWS and dtype in (torch.float32, torch.bfloat16) and weight_dtype == dtype:
+        if use_small_gemm and small_gemm.small_linear_op() is not None:
+            if dtype == torch.float32 or not native_bf16():
+                return "small"
+    if dtype == torch.float32 and weight_dtype == torch.float32:
+        if rows >= ONEDNN_MIN_ROWS:
+            return "onednn"
+    elif dtype == torch.bfloat16 and weight_dtype == dtype and rows >= UPCAST_MIN_ROWS and not native_bf16():
+        return "upcast"
+    elif dtype == torch.bfloat16 and weight_dtype == dtype and native_bf16():
+        return "onednn"
+    return "torch"
+
+
+def _plain_linear(path: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if path == "small":
+        return small_gemm.small_linear_op()(x.float(), weight, bias).to(x.dtype)
+    if path == "onednn":
+        return _onednn(x, weight, bias)
+    if path == "upcast":
+        return _onednn(x.float(), weight.float(), None if bias is None else bias.float()).to(torch.bfloat16)
+    return F.linear(x, weight, bias)
 
 
 def use_cpu_gemm(model: nn.Module, use_small_gemm: bool = True) -> nn.Module:
     """Replaces every plain nn.Linear in `model` (decoder, projector, vision tower) by a CpuLinear
     holding its parameters, then packs and warms them; returns the model (a bare nn.Linear: its
-    CpuLinear). A no-op without oneDNN."""
+    CpuLinear). A no-op without oneDNN. The packing's report is kept on the model as
+    `cpu_gemm_report` (the engine's start-up memory report reads it)."""
     if not torch.backends.mkldnn.is_available():
         return model
     if type(model) is nn.Linear:
@@ -223,9 +304,10 @@ def use_cpu_gemm(model: nn.Module, use_small_gemm: bool = True) -> nn.Module:
         for name, child in parent.named_children():
             if type(child) is nn.Linear:
                 setattr(parent, name, CpuLinear.from_linear(child, use_small_gemm))
-    layers = [m for m in model.modules() if isinstance(m, CpuLinear)]
-    pack_weights(layers)
-    warm_onednn(layers)
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, CpuLinear)}
+    held = {id(p) for m in model.modules() if not isinstance(m, CpuLinear) for p in m.parameters(recurse=False)}
+    model.__dict__["cpu_gemm_report"] = pack_weights(layers, shared=held)
+    warm_onednn(list(layers.values()))
     return model
 
 
@@ -249,41 +331,58 @@ def warm_onednn(layers: list[CpuLinear], max_rows: int = WARM_ROWS) -> int:
     seen, calls = set(), 0
     with torch.inference_mode():
         for m in layers:
-            key = (m.in_features, m.out_features, m.weight.dtype, m.bias is not None, m.__dict__.get("pack", True))
-            if key in seen or not m.weight.is_cpu or m.weight.dtype != torch.bfloat16 or not native_bf16():
+            if not isinstance(m, CpuLinear):
+                continue
+            dtype = m.weight_dtype()
+            key = (m.in_features, m.out_features, dtype, m.bias is not None, m.packed is not None)
+            if key in seen or dtype != torch.bfloat16 or not native_bf16():
                 continue
             seen.add(key)
             for rows in sorted({onednn_rows(r) for r in range(1, max_rows + 1)}):
                 if 2 * rows * m.in_features * m.out_features > WARM_MAX_FLOP:
                     break
                 if _goes_to_onednn(m, rows):
-                    m(torch.zeros(rows, m.in_features, dtype=m.weight.dtype))
+                    m(torch.zeros(rows, m.in_features, dtype=dtype))
                     calls += 1
     return calls
 
 
 def _goes_to_onednn(m: CpuLinear, rows: int) -> bool:
     """Whether CpuLinear.forward sends `rows` rows of the weight's dtype to oneDNN."""
-    return m.path(rows, m.weight.dtype) in ("packed", "onednn", "upcast")
+    return m.path(rows, m.weight_dtype()) in ("unpacked", "onednn", "upcast")
 
 
-def pack_weights(layers: list[CpuLinear], free_bytes: int | None = None) -> int:
-    """Packs the layers' weights now, where packing pays and the copies fit (see the module's
-    docstring); returns the bytes packed. Layers left unpacked run on their plain weight."""
-    payable = [m for m in layers if packed_weights_pay(m.weight.dtype)]
-    decode = [m for m in layers if decode_weights_pay(m.weight.dtype)]
-    extra = sum(m.weight.numel() * m.weight.element_size() for m in payable + decode)
+def pack_weights(layers: dict[str, CpuLinear], shared: set[int] = frozenset(),
+                 free_bytes: int | None = None) -> PackReport:
+    """Packs each layer's weight into our kernel's layout, dropping the plain tensor (one resident
+    copy, no extra memory beyond one layer's while it packs). A weight another module also holds (ids
+    in `shared`: a tied LM head's embedding) keeps its plain tensor there, so its packed layout is an
+    extra copy: those are packed only while they fit in PACK_MEMORY_SHARE of the free memory, and the
+    layers left plain are logged with what it costs."""
+    report = PackReport()
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if free_bytes is None else free_bytes
-    if extra > PACK_MEMORY_SHARE * free:
-        log.warning("CPU GEMM: not packing %.1f GB of weight copies (for oneDNN and the decode-rows kernel; %.1f GB of "
-                    "memory free); the linear layers run on their plain weights, about 1.2-2.5x slower at decode sizes",
-                    extra / 1e9, free / 1e9)
-        for m in payable + decode:
-            m.pack = False
-        return 0
-    for m in payable:
-        m.pack = True
-        m.packed_weight()
-    for m in decode:
-        m.decode_weight()
-    return extra
+    for name, m in layers.items():
+        if m.packed is not None:
+            report.packed_bytes += m.packed.numel() * m.packed.element_size()
+            continue
+        w = m._parameters.get("weight")
+        if w is None or not m.packable():
+            dtype = None if w is None else w.dtype
+            report.plain.append((name, f"our kernel does not run {dtype} weights of {m.in_features} inputs here"))
+            continue
+        if id(w) in shared:
+            size = decode_gemm.packed_bytes(m.out_features, m.in_features, w.dtype)
+            if report.extra_bytes + size > PACK_MEMORY_SHARE * free:
+                report.plain.append((name, f"its weight is shared with another module and a packed copy "
+                                           f"({size / 1e6:.0f} MB) would pass {PACK_MEMORY_SHARE:.0%} of the "
+                                           f"{free / 1e9:.1f} GB free"))
+                m.pack_on_use = False
+                continue
+            report.extra_bytes += m.pack()
+        else:
+            report.packed_bytes += m.pack()
+    if report.plain:
+        log.warning("CPU GEMM: %d linear layers keep a plain weight and run the slower plain path (oneDNN / MKL: "
+                    "about 1.2-2.5x slower at decode sizes): %s", len(report.plain),
+                    "; ".join(f"{n or 'the model'}: {why}" for n, why in report.plain))
+    return report

@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vlserve.cpu.gemm import CpuLinear
+
 
 @dataclass(frozen=True)
 class TPContext:
@@ -70,6 +72,8 @@ def _local_linear(like: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | No
     local.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
     if bias is not None:
         local.bias = nn.Parameter(bias.contiguous(), requires_grad=False)
+    if isinstance(local, CpuLinear):
+        local.pack()  # its one resident layout, now rather than at the first forward
     return local
 
 

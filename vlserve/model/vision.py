@@ -94,7 +94,7 @@ class VisionEncoder(nn.Module):
     @torch.inference_mode()
     def tower_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The tower's selected hidden states, before the projector: [N, tokens_per_image, vision hidden]."""
-        dtype = self.multi_modal_projector.linear_1.weight.dtype
+        dtype = next(self.vision_tower.parameters()).dtype  # a packed linear's .weight would be a copy
         out = self.vision_tower(pixel_values.to(dtype), output_hidden_states=True)
         feats = [out.hidden_states[i] for i in self.feature_indices]
         if self.cfg.vision_feature_select_strategy == "default":
