@@ -135,7 +135,7 @@ class LlamaServer:
         import httpx
 
         log = open(self.log_path, "a")
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
                                      env={**os.environ, "LLAMA_MEDIA_MARKER": MEDIA_MARKER})
         log.close()
         deadline = time.monotonic() + 300
@@ -163,6 +163,18 @@ class LlamaServer:
     def _log_tail(self) -> str:
         with open(self.log_path) as f:
             return f.read()[-3000:]
+
+
+def _die_with_parent() -> None:
+    """In the server's process before exec: Linux sends it SIGKILL when the harness dies (a killed harness
+    runs no __exit__, and a busy server would keep its two cores spinning)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def _free_port() -> int:
