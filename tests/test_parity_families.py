@@ -145,7 +145,7 @@ def _config(arch, model_type="llava", text="llama", vision="clip_vision_model"):
 
 
 @pytest.mark.parametrize("arch,model_type,reason", [
-    ("Qwen2VLForConditionalGeneration", "qwen2_vl", "M-RoPE"),
+    ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", "mixture-of-experts"),
     ("Idefics2ForConditionalGeneration", "idefics2", "perceiver resampler"),
     ("SomethingNewForCausalLM", "something", ""),
 ])

@@ -29,6 +29,7 @@ class ExtendSlice:
     image_embeds: torch.Tensor | None = None  # [n, hidden] for the rows in image_rows, in order
     image_rows: list[int] = field(default_factory=list)  # indices into ids that are image positions
     logits_from: int = -1  # want logits for ids[logits_from:] (default: the last token only)
+    mrope_positions: torch.Tensor | None = None  # [3, len(ids)] for M-RoPE models (Req.mrope); None: indices
 
     @property
     def num_logits(self) -> int:
@@ -57,7 +58,7 @@ class LogitsLayout:
 class ForwardBatch:
     mode: ForwardMode
     input_ids: torch.Tensor  # [T] int64; real vocab ids (image positions hold any valid id, replaced by embeds)
-    positions: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, or [3, T] (temporal, height, width) for M-RoPE models
     out_cache_loc: torch.Tensor  # [T] int64: the slot each new token's KV is written to
     req_pool_indices: torch.Tensor  # [B] int64: rows of req_to_token
     seq_lens: torch.Tensor  # [B] int64: tokens in the pool for each request after this forward
@@ -87,7 +88,7 @@ def build_forward_batch(slices: list[ExtendSlice], req_to_token: torch.Tensor, v
         for s, start in zip(slices, starts.tolist()):
             image_mask[[start + r for r in s.image_rows]] = True
     ids = torch.where((ids >= vocab_size) | (ids < 0), 0, ids)  # pseudo-token ids never reach the embedding
-    positions = torch.cat([torch.arange(s.prefix_len, s.prefix_len + n) for s, n in zip(slices, lens)])
+    positions = _positions(slices, lens)
     layout = LogitsLayout.of(slices)
     logits_rows = torch.cat([torch.arange(start + n - k, start + n)
                              for start, n, k in zip(starts.tolist(), lens, layout.counts)])
@@ -101,3 +102,13 @@ def build_forward_batch(slices: list[ExtendSlice], req_to_token: torch.Tensor, v
         qo_start_loc=starts.to(device), req_to_token=req_to_token, logits_rows=logits_rows.to(device),
         image_mask=None if image_mask is None else image_mask.to(device),
         image_embeds=None if not embeds else torch.cat(embeds).to(device), layout=layout)
+
+
+def _positions(slices: list[ExtendSlice], lens: list[int]) -> torch.Tensor:
+    """Token indices [T]; [3, T] as soon as one slice carries M-RoPE positions (the others' indices
+    repeated on the three axes, which is what M-RoPE gives a text-only request)."""
+    indices = [torch.arange(s.prefix_len, s.prefix_len + n) for s, n in zip(slices, lens)]
+    if all(s.mrope_positions is None for s in slices):
+        return torch.cat(indices)
+    return torch.cat([i.expand(3, -1) if s.mrope_positions is None else s.mrope_positions
+                      for s, i in zip(slices, indices)], dim=1)

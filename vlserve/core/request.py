@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from vlserve.core.positions import MRopePositions
 from vlserve.core.sampling_params import SamplingParams
 
 
@@ -31,7 +32,9 @@ class ImageSpan:
     # after a retraction or an eviction of its KV and of its vision-cache entry, the tower must run on it again.
     pixel_values: Any
     image_size: tuple[int, int] | None = None  # original (height, width), for models whose features depend on it
-    role: str = "image"  # or "frame" / "last_frame" of a video (preprocess.ProcessedImage.role)
+    role: str = "image"  # or "frame" / "last_frame" of a video (preprocess.ProcessedImage.role); "video" (Qwen-VL)
+    # Qwen2.5-VL video patches: seconds one temporal patch spans (transformers' second_per_grid_ts)
+    second_per_grid_t: float | None = None
 
     @property
     def end(self) -> int:
@@ -67,6 +70,8 @@ class Req:
     constraint: Any = None  # vlserve.constrained.ConstraintState for regex / json_schema requests
     arrival_time: float = field(default_factory=time.monotonic)
     arrival_step: int = 0  # written by the scheduler when the request enters its queue
+    # engine, at build: every token's rotary positions for M-RoPE models (model/mrope.py); None: indices
+    mrope: MRopePositions | None = None
 
     # scheduler.policy
     matched_len: int = 0  # cached prefix length seen when ordering the queue

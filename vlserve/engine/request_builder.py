@@ -82,6 +82,8 @@ class RequestBuilder:
             raise InvalidRequest(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], "
                                  f"got {top_logprobs_num!r}", param="top_logprobs_num")
         req = Req(rid or uuid.uuid4().hex, ids, params, spans, return_logprob, logprob_start_len, top_logprobs_num)
+        if self.config.mrope is not None:  # Qwen-VL: positions from the media grids, once (model/mrope.py)
+            req.mrope = self.config.mrope.positions(len(ids), spans)
         if params.seed is not None:
             req.generator = torch.Generator().manual_seed(params.seed)
         if params.regex is None and params.json_schema is None:

@@ -7,6 +7,7 @@ import torch
 
 from vlserve.core.errors import CheckpointError
 from vlserve.model.anyres_layout import AnyresLayout
+from vlserve.model.mrope import MRopeLayout
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
@@ -28,6 +29,9 @@ class TextConfig:
     sliding_window: int | None  # attention sees only this many latest tokens (Mistral); None: all
     eos_token_ids: tuple[int, ...]
     hf_config: Any  # transformers' text config, for RoPE initialisation
+    mrope_section: tuple[int, ...] | None = None  # M-RoPE: frequencies per (temporal, height, width) axis
+    mrope_interleaved: bool = False  # Qwen3-VL: the axes' frequencies interleaved, not in blocks
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and k before the rotary
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,13 @@ class ModelConfig:
     dtype: torch.dtype
 
     anyres: AnyresLayout | None = None  # LLaVA-NeXT: tiles, so the token count depends on the image
+    mrope: MRopeLayout | None = None  # Qwen-VL: native-resolution grids and M-RoPE positions
+    video_token_id: int | None = None  # Qwen-VL: the pad standing for a video (its frame pairs)
 
     def image_tokens(self, image) -> int:
         """Placeholder tokens for a preprocess.ProcessedImage: by its views, original size and role."""
+        if self.mrope is not None:  # pixels [t, h, w, patch]: the grid in the shape
+            return self.mrope.tokens(image.pixel_values.shape[:3])
         layout = self.anyres
         if layout is None:
             return self.tokens_per_image
@@ -66,7 +74,7 @@ class ModelConfig:
     @property
     def fixed_image_tokens(self) -> int | None:
         """Tokens of every image when that does not depend on the image (LLaVA-1.5), else None."""
-        return self.tokens_per_image if self.anyres is None else None
+        return self.tokens_per_image if self.anyres is None and self.mrope is None else None
 
     @property
     def tokens_per_image(self) -> int:

@@ -17,6 +17,9 @@ from vlserve.model.llava import (
     LlavaForServing, LlavaNextForServing, llava_next_config_from_hf, llava_next_video_config_from_hf,
     llava_onevision_config_from_hf,
 )
+from vlserve.model.qwen_vl import (
+    Qwen25VLForServing, Qwen2VLForServing, Qwen3VLForServing, qwen_vl_config_from_hf,
+)
 from vlserve.preprocess import AnyresProcessing, ImageProcessing
 
 
@@ -58,12 +61,30 @@ LLAVA_NEXT_VIDEO = Family(
     build_model=LlavaNextForServing, config_from_hf=llava_next_video_config_from_hf,
     image_processing=AnyresProcessing.next_video_from_hf_config)
 
-FAMILIES: dict[str, Family] = {f.architecture: f for f in (LLAVA, LLAVA_NEXT, LLAVA_ONEVISION, LLAVA_NEXT_VIDEO)}
+QWEN2_VL = Family(
+    architecture="Qwen2VLForConditionalGeneration", model_type="qwen2_vl",
+    text_models=("qwen2_vl_text",), vision_models=("qwen2_vl_vision",),
+    build_model=Qwen2VLForServing, config_from_hf=qwen_vl_config_from_hf,
+    image_processing=ImageProcessing.from_hf_config)
+
+QWEN2_5_VL = Family(
+    architecture="Qwen2_5_VLForConditionalGeneration", model_type="qwen2_5_vl",
+    text_models=("qwen2_5_vl_text",), vision_models=("qwen2_5_vl_vision",),
+    build_model=Qwen25VLForServing, config_from_hf=qwen_vl_config_from_hf,
+    image_processing=ImageProcessing.from_hf_config)
+
+QWEN3_VL = Family(
+    architecture="Qwen3VLForConditionalGeneration", model_type="qwen3_vl",
+    text_models=("qwen3_vl_text",), vision_models=("qwen3_vl_vision",),
+    build_model=Qwen3VLForServing, config_from_hf=qwen_vl_config_from_hf,
+    image_processing=ImageProcessing.from_hf_config)
+
+FAMILIES: dict[str, Family] = {f.architecture: f for f in (LLAVA, LLAVA_NEXT, LLAVA_ONEVISION, LLAVA_NEXT_VIDEO,
+                                                            QWEN2_VL, QWEN2_5_VL, QWEN3_VL)}
 
 # Architectures people try that vlserve does not serve, with what stands in the way.
 REFUSED: dict[str, str] = {
-    "Qwen2VLForConditionalGeneration": "Qwen2-VL: M-RoPE positions and a native-resolution tower",
-    "Qwen2_5_VLForConditionalGeneration": "Qwen2.5-VL: M-RoPE positions and a windowed native-resolution tower",
+    "Qwen3VLMoeForConditionalGeneration": "Qwen3-VL MoE: mixture-of-experts decoder layers (dense Qwen3-VL is served)",
     "Idefics2ForConditionalGeneration": "Idefics2: a perceiver resampler over split images",
     "Idefics3ForConditionalGeneration": "Idefics3: pixel-shuffled image splitting",
     "MllamaForConditionalGeneration": "Llama 3.2 Vision: cross-attention image layers",

@@ -54,14 +54,18 @@ class RotaryEmbedding(nn.Module):
     otherwise; here that is decided per request, from the request's length after this forward (so a
     request is rotated as transformers rotates it alone, unchunked, without a cached prefix)."""
 
-    def __init__(self, hf_text_config, head_dim: int):
+    def __init__(self, hf_text_config, head_dim: int, mrope_section: tuple[int, ...] | None = None,
+                 mrope_interleaved: bool = False):
         super().__init__()
         self.long_after = None  # LongRoPE only: a request longer than this uses long_inv_freq
         with torch.device("cpu"):  # real even when the model is built on the meta device for loading
             inv_freq = self._inv_freq(hf_text_config, head_dim)
             long_inv_freq = self._long_inv_freq(hf_text_config)
+            axes = None if mrope_section is None else mrope_axes(mrope_section, mrope_interleaved)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("long_inv_freq", long_inv_freq, persistent=False)
+        # M-RoPE: which of (temporal, height, width) positions turns each of the head's dimensions
+        self.register_buffer("mrope_axes", axes, persistent=False)
 
     def _inv_freq(self, hf_text_config, head_dim: int) -> torch.Tensor:
         rope = getattr(hf_text_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
@@ -82,7 +86,10 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype,
                 seq_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [T]; seq_lens: [T], each token's request length after this forward (LongRoPE)."""
+        """positions: [T], or [3, T] (temporal, height, width) for M-RoPE; seq_lens: [T], each token's
+        request length after this forward (LongRoPE)."""
+        if positions.dim() == 2:
+            return self._mrope_cos_sin(positions, dtype)
         if self.long_after is not None and seq_lens is not None:
             inv_freq = torch.where((seq_lens > self.long_after)[:, None], self.long_inv_freq[None, :],
                                    self.inv_freq[None, :])
@@ -101,11 +108,36 @@ class RotaryEmbedding(nn.Module):
             self.__dict__["_table"] = table  # a plain attribute: not a buffer, not in the state dict
         return table[0][positions], table[1][positions]
 
+    def _mrope_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each dimension's cos/sin at the position of its axis: three rows of the one table, picked
+        per column (the same values transformers' recomposition of three frequency sets gives)."""
+        if self.mrope_axes is None:
+            raise ValueError("[3, T] positions given to a rotary without mrope_section")
+        cos, sin = self(positions.reshape(-1), dtype)
+        index = self.mrope_axes.to(positions.device)[None, None, :].expand(1, positions.shape[1], -1)
+        pick = lambda table: table.view(3, positions.shape[1], -1).gather(0, index)[0]  # noqa: E731
+        return pick(cos), pick(sin)
+
     def _cos_sin(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
+
+
+def mrope_axes(section: tuple[int, ...], interleaved: bool) -> torch.Tensor:
+    """[head_dim] int64: the axis (0 temporal, 1 height, 2 width) whose position turns each dimension.
+    section counts frequencies per axis (they sum to head_dim / 2); both halves of the head repeat it.
+    Qwen2-VL and Qwen2.5-VL give each axis a contiguous block of frequencies; Qwen3-VL interleaves
+    them (T H W T H W ..., the temporal axis keeping the frequencies past 3 x the others' counts)."""
+    half = sum(section)
+    if interleaved:
+        axes = torch.zeros(half, dtype=torch.int64)
+        for axis in (1, 2):
+            axes[axis:section[axis] * 3:3] = axis
+    else:
+        axes = torch.repeat_interleave(torch.arange(3), torch.tensor(section))
+    return torch.cat((axes, axes))
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool = True) -> torch.Tensor:
@@ -131,6 +163,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         self.sm_scale = cfg.head_dim ** -0.5
         self.fused_ops = True  # KernelConfig.fused_ops: rotary and the KV store fused
+        if cfg.qk_norm:  # Qwen3: each head of q and k normalised before the rotary
+            self.q_norm, self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps), RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def fuse(self) -> None:
         """One GEMM for q, k and v (after loading the checkpoint's separate weights)."""
@@ -146,6 +180,8 @@ class Attention(nn.Module):
         else:
             qkv, (q, k, v) = None, (self.q_proj(x), self.k_proj(x), self.v_proj(x))
         q, k = q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):  # new tensors: the in-place rotary below no longer reaches the qkv rows
+            q, k, qkv = self.q_norm(q), self.k_norm(k), None
         # q and k sit side by side in each row of the fused output: one rotary call for both, in place
         # (q and k above are views of it, so they see the rotation)
         qk = (None if qkv is None
@@ -226,7 +262,7 @@ class LlamaDecoder(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = RotaryEmbedding(cfg.hf_config, cfg.head_dim)
+        self.rotary = RotaryEmbedding(cfg.hf_config, cfg.head_dim, cfg.mrope_section, cfg.mrope_interleaved)
 
     def fuse_projections(self) -> None:
         for layer in self.layers:
@@ -239,12 +275,17 @@ class LlamaDecoder(nn.Module):
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.fused_ops = enabled
 
-    def forward(self, hidden: torch.Tensor, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend):
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend,
+                deepstack: torch.Tensor | None = None):
+        """deepstack (Qwen3-VL): [levels, image rows, hidden], added after layer i at batch.image_mask's
+        rows for each level i."""
         seq_lens = None
         if self.rotary.long_after is not None:
             seq_lens = torch.repeat_interleave(batch.seq_lens, batch.extend_lens, output_size=hidden.shape[0])
         cos, sin = self.rotary(batch.positions, hidden.dtype, seq_lens)
         residual = None
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             hidden, residual = layer(hidden, residual, cos, sin, batch, kv, attn)
+            if deepstack is not None and i < deepstack.shape[0]:  # the stream is residual + hidden
+                hidden[batch.image_mask] += deepstack[i]
         return self.norm(hidden) if residual is None else self.norm.add_and_norm(residual, hidden)[1]

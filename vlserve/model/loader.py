@@ -46,6 +46,9 @@ _KEY_PREFIXES = (
     ("lm_head.", "lm_head."),
     ("model.image_newline", "vision.image_newline"),  # LLaVA-NeXT
     ("image_newline", "vision.image_newline"),
+    ("model.visual.", "vision."),  # Qwen-VL, as transformers writes it
+    ("visual.", "vision."),  # Qwen-VL, as published (the decoder under model.)
+    ("model.", "language_model."),
 )
 
 
@@ -204,8 +207,9 @@ def _json(path: str, name: str) -> dict:
 
 def _materialise_buffers(model: LlavaForServing, cfg: ModelConfig) -> None:
     """The model was built on the meta device; rebuild the non-persistent buffers no checkpoint holds."""
-    emb = model.vision.vision_tower.embeddings
-    emb.register_buffer("position_ids", torch.arange(emb.num_positions).expand((1, -1)), persistent=False)
+    if hasattr(model.vision, "vision_tower"):  # transformers' CLIP / SigLIP (Qwen's towers make theirs on the CPU)
+        emb = model.vision.vision_tower.embeddings
+        emb.register_buffer("position_ids", torch.arange(emb.num_positions).expand((1, -1)), persistent=False)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
         raise CheckpointError(f"weights not initialised after loading: {left[:8]}")

@@ -11,7 +11,9 @@ from vlserve.runner.image_embedder import ImageEmbedder
 def extend_slice(p: PlannedExtend, embeds: dict[bytes, torch.Tensor]) -> ExtendSlice:
     req, start, end = p.req, p.req.kv_len, p.req.kv_len + p.num_tokens
     rows, emb = ImageEmbedder.rows_and_embeds(req, start, end, embeds) if req.images else ([], None)
-    return ExtendSlice(req.req_row, start, req.seq[start:end], p.slots, emb, rows, _logits_from(req, start, end))
+    mrope = None if req.mrope is None else req.mrope.rows(start, end)
+    return ExtendSlice(req.req_row, start, req.seq[start:end], p.slots, emb, rows, _logits_from(req, start, end),
+                       mrope)
 
 
 def _logits_from(req: Req, start: int, end: int) -> int:
