@@ -117,3 +117,39 @@ def test_generated_positions_go_on_from_the_prompt(checkpoint):
             temporal = [0, 1, 2, 3, 4] if cfg.mrope.tokens_per_second is None else [0, 1, 3, 4, 6]  # 1.6 a pair
             assert req.mrope.prompt[0, 2:32:6].tolist() == [2 + t for t in temporal]
             assert req.mrope.prompt[:, 32].tolist() == [5] * 3 and last == 9
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl(tmp_path_factory):
+    from transformers import AutoModelForImageTextToText
+
+    path = make_qwen_vl(str(tmp_path_factory.mktemp("keys")), "qwen2-vl", seed=5)
+    return path, AutoModelForImageTextToText.from_pretrained(path).eval()
+
+
+def test_videos_sharing_first_frames_share_their_kv(qwen2_vl):
+    """Two videos with the same first 8 frames (4 pairs) share those pairs' KV; a clip extended by new
+    frames reuses the old frames' KV; a still picture of a video's frame pair never takes its key. Each
+    answer still matches transformers. (One family: the keys are the same code for all three.)"""
+    checkpoint, hf = qwen2_vl
+    with Engine(checkpoint, max_total_tokens=1024) as engine:
+        cfg = engine.loaded.config
+        gen = torch.Generator().manual_seed(11)
+        pair = lambda: random_picture((4, 6), gen)  # noqa: E731
+        shared, first_tail, second_tail = [pair() for _ in range(4)], [pair()], [pair(), pair()]
+        prefix = [7, 8, 9]
+        video_a = (prefix + [cfg.video_token_id, 10], [video_pad(shared + first_tail)])
+        video_b = (prefix + [cfg.video_token_id, 10], [video_pad(shared + second_tail)])
+        clip = (prefix + [cfg.video_token_id, 10], [video_pad(shared)])
+        picture = (prefix + [cfg.image_token_id, 10], [shared[0]])
+        shared_end = len(prefix) + 4 * 6
+        for i, (ids, media) in enumerate([clip, video_a, video_b, picture]):
+            req = build_req(ids, media, cfg, 3, rid=f"r{i}")
+            _run(engine, [req])
+            ref_ids, ref_logprobs = hf_greedy(hf, hf_inputs(ids, media, cfg), 3)
+            _assert_matches(req, ref_ids, ref_logprobs)
+            if i in (1, 2):  # the 4 shared pairs' KV came from the cache, nothing after them
+                assert req.cached_tokens == shared_end, (i, req.cached_tokens)
+            else:  # the first request; the picture shares only the text before it
+                assert req.cached_tokens == (0 if i == 0 else len(prefix)), (i, req.cached_tokens)
+
