@@ -94,7 +94,7 @@ def from_results(args) -> str:
              "| --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: | --- |"]
     with Engine(model_dir, num_threads=1, video_frames=8) as engine:
         for res in results:
-            flops = required_flops(engine, W.WORKLOADS[res["workload"]]())
+            flops = required_flops(engine, W.scaled(res["workload"], res.get("scale", 1.0)))
             flops.pop("_counts")
             total = sum(flops.values())
             peaks = res.get("gemm_peak_gflops")

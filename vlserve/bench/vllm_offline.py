@@ -3,7 +3,9 @@
     VENV/bin/python vllm_offline.py spec.json out.json
 
 spec: {"model", "threads", "dtype", "max_num_batched_tokens" (or null: vLLM's default),
-       "batches" (timed batches, default 1), "requests": [{"prompt", "images": [png paths], "max_new_tokens"}]}.
+       "batches" (timed batches, default 1), "enforce_eager" (default false: vLLM's compiled mode),
+       "kv_cache_memory_bytes" (or null: vLLM's default sizing),
+       "requests": [{"prompt", "images": [png paths], "max_new_tokens"}]}.
 out: wall time of one LLM.generate over every request (after a warm-up), per-request token counts,
 num_cached_tokens (prefix-cache hits), and latency / time to first token where vLLM reports them;
 with several batches (the prefix, encoder and multimodal-input caches reset before each, the
@@ -24,10 +26,12 @@ def main(spec_path: str, out_path: str) -> None:
     spec = json.load(open(spec_path))
     reqs = spec["requests"]
     max_images = max(1, max(len(r["images"]) for r in reqs))
-    budget = {"max_num_batched_tokens": spec["max_num_batched_tokens"]} if spec.get("max_num_batched_tokens") else {}
-    llm = LLM(model=spec["model"], enforce_eager=True, enable_prefix_caching=True, dtype=spec.get("dtype", "float32"),
-              max_model_len=4096, limit_mm_per_prompt={"image": max_images}, seed=0,
-              disable_log_stats=False, **budget)  # with stats on, each output carries its timings
+    optional = {k: spec[k] for k in ("max_num_batched_tokens", "kv_cache_memory_bytes") if spec.get(k)}
+    # compiled mode (the default) compiles while LLM() starts and on the warm-up below: neither is timed
+    llm = LLM(model=spec["model"], enforce_eager=bool(spec.get("enforce_eager", False)), enable_prefix_caching=True,
+              dtype=spec.get("dtype", "float32"), max_model_len=spec.get("max_model_len", 4096),
+              limit_mm_per_prompt={"image": max_images}, seed=0,
+              disable_log_stats=False, **optional)  # with stats on, each output carries its timings
     inputs = []
     for r in reqs:
         item = {"prompt": r["prompt"]}
@@ -57,6 +61,7 @@ def main(spec_path: str, out_path: str) -> None:
             ttft.append(first_latency)
             latency.append(first_latency + (last - first))
     result = {"version": vllm.__version__, "wall_s": wall, "batch_walls_s": walls, "block_size": _block_size(llm),
+              "compilation_mode": _compilation_mode(llm),
               "prompt_tokens": [len(o.prompt_token_ids) for o in outs],
               "completion_tokens": [len(o.outputs[0].token_ids) for o in outs],
               "cached_tokens": [o.num_cached_tokens or 0 for o in outs],
@@ -74,6 +79,12 @@ def _reset_caches(llm) -> None:
         raise RuntimeError("vLLM refused to reset its prefix cache")
     llm.llm_engine.reset_encoder_cache()
     llm.reset_mm_cache()
+
+
+def _compilation_mode(llm) -> str:
+    config = getattr(llm.llm_engine, "vllm_config", None)
+    mode = getattr(getattr(config, "compilation_config", None), "mode", None)
+    return getattr(mode, "name", str(mode))
 
 
 def _block_size(llm):

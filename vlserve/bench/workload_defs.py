@@ -134,6 +134,18 @@ WORKLOADS = {
 }
 
 
+def scaled(name: str, scale: float = 1.0) -> list[Job]:
+    """The workload with its number of requests times `scale` (1.0: the workload as defined; each keeps
+    its shape: prompts, shared parts and media per request are unchanged)."""
+    def n(default: int) -> int:
+        return max(1, round(default * scale))
+
+    kwargs = {"few_shot": {"n": n(24)}, "questions_per_image": {"images": n(4)},
+              "tree_of_thought": {"depth": 3 if scale >= 0.75 else 2}, "multi_turn_chat": {"sessions": n(4)},
+              "video_qa": {"videos": n(3)}, "zero_reuse": {"n": n(24)}}
+    return WORKLOADS[name](**kwargs[name])
+
+
 def union_trie_size(sequences: list[list[int]]) -> int:
     """Distinct prefixes over all sequences: the tokens an ideal cache computes at least once."""
     root: dict = {}
