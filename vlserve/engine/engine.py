@@ -26,6 +26,7 @@ from vlserve.cpu.threads import configure_compute_threads, media_workers
 from vlserve.engine.compute_thread import ComputeThread
 from vlserve.engine.loop import EngineLoop, step
 from vlserve.engine.output import OutputAssembler
+from vlserve.engine.qwen_request import QwenMedia
 from vlserve.engine.request_builder import RequestBuilder
 from vlserve.engine.stats_log import StatsLog
 from vlserve.memory.pools import KVMemory, KVShape, default_max_total_tokens
@@ -107,7 +108,7 @@ class Engine:
                         allowed_media_domains=tuple(h.strip() for h in (args.allowed_media_domains or "").split(",")
                                                     if h.strip())),
             args.video_frames or DEFAULT_NUM_FRAMES, self.context_len, self.memory.allocator.capacity,
-            self._constraint_compiler(args), ProcessedImageCache(), self.context_note)
+            self._constraint_compiler(args), ProcessedImageCache(), self.context_note, self._qwen_media())
         self.media_pool = ThreadPoolExecutor(max_workers=media_workers(threads), thread_name_prefix="vlserve-media")
         self.draining = False  # set by drain(): no new request is accepted
         self.stats_log = StatsLog(self.metrics, self.pool_state,
@@ -118,6 +119,13 @@ class Engine:
             self.tp_group.watch(self._tensor_parallel_failed)
         # The loop's start is this thread's last job: it hands the thread over once _build returns.
         self.loop.start()
+
+    def _qwen_media(self) -> QwenMedia | None:
+        """Qwen-VL's prompt pads and video processing (engine/qwen_request.py); None for other families."""
+        loaded = self.loaded
+        if loaded.config.mrope is None:
+            return None
+        return QwenMedia.for_model(loaded.path, loaded.config, loaded.hf_config.model_type, loaded.processor_config)
 
     def _constraint_compiler(self, args: EngineArgs) -> ConstraintCompiler:
         """Regexes and JSON schemas compile on worker processes, within the budget; the tokenizer's

@@ -19,6 +19,7 @@ from vlserve.core.errors import InvalidRequest
 from vlserve.core.request import Req
 from vlserve.core.sampling_params import FLOAT32_MAX, SamplingParams
 from vlserve.engine.prompt import PromptMedia, expand_image_tokens, expand_text, tokenize_text
+from vlserve.engine.qwen_request import QwenMedia
 from vlserve.model.config import ModelConfig
 from vlserve.preprocess import MediaLimits, ProcessedImageCache, check_image_count
 
@@ -58,6 +59,7 @@ class RequestBuilder:
     compiler: ConstraintCompiler
     image_cache: ProcessedImageCache  # the same upload (image or video) again skips decode, resize and hashing
     context_note: str = ""  # why context_len is below the model's positions (a sliding window), for 400s
+    qwen: QwenMedia | None = None  # Qwen-VL: pads in the prompt, pictures and videos its own way
 
     def build(self, *args, **kwargs) -> Req:
         """build_pending, then wait for the constraint's compile."""
@@ -99,6 +101,12 @@ class RequestBuilder:
     def _expanded(self, prompt, input_ids, image_data, video_data, video_num_frames, video_fps):
         if (prompt is None) == (input_ids is None):
             raise InvalidRequest("give exactly one of prompt (text) or input_ids")
+        if self.qwen is not None:  # engine/qwen_request.py
+            images = _as_list(image_data, "image_data")
+            check_image_count(len(images), self.limits)
+            return self.qwen.expanded(self.tokenizer, self.config, self.processing, self.image_cache, self.limits,
+                                      prompt, input_ids, images, _as_list(video_data, "video_data"),
+                                      video_num_frames or (None if video_fps else self.video_frames), video_fps)
         ids, ordered = self._tokens(prompt, input_ids, _as_list(image_data, "image_data"),
                                     _as_list(video_data, "video_data"), video_num_frames, video_fps)
         return expand_image_tokens(ids, self.config.image_token_id, ordered, self.config.image_tokens)

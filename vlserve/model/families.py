@@ -21,6 +21,7 @@ from vlserve.model.qwen_vl import (
     Qwen25VLForServing, Qwen2VLForServing, Qwen3VLForServing, qwen_vl_config_from_hf,
 )
 from vlserve.preprocess import AnyresProcessing, ImageProcessing
+from vlserve.preprocess.qwen_vl import QwenVLProcessing
 
 
 @dataclass(frozen=True)
@@ -65,19 +66,19 @@ QWEN2_VL = Family(
     architecture="Qwen2VLForConditionalGeneration", model_type="qwen2_vl",
     text_models=("qwen2_vl_text",), vision_models=("qwen2_vl_vision",),
     build_model=Qwen2VLForServing, config_from_hf=qwen_vl_config_from_hf,
-    image_processing=ImageProcessing.from_hf_config)
+    image_processing=QwenVLProcessing.from_hf_config)
 
 QWEN2_5_VL = Family(
     architecture="Qwen2_5_VLForConditionalGeneration", model_type="qwen2_5_vl",
     text_models=("qwen2_5_vl_text",), vision_models=("qwen2_5_vl_vision",),
     build_model=Qwen25VLForServing, config_from_hf=qwen_vl_config_from_hf,
-    image_processing=ImageProcessing.from_hf_config)
+    image_processing=QwenVLProcessing.from_hf_config)
 
 QWEN3_VL = Family(
     architecture="Qwen3VLForConditionalGeneration", model_type="qwen3_vl",
     text_models=("qwen3_vl_text",), vision_models=("qwen3_vl_vision",),
     build_model=Qwen3VLForServing, config_from_hf=qwen_vl_config_from_hf,
-    image_processing=ImageProcessing.from_hf_config)
+    image_processing=QwenVLProcessing.from_hf_config)
 
 FAMILIES: dict[str, Family] = {f.architecture: f for f in (LLAVA, LLAVA_NEXT, LLAVA_ONEVISION, LLAVA_NEXT_VIDEO,
                                                             QWEN2_VL, QWEN2_5_VL, QWEN3_VL)}
