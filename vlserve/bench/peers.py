@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from vlserve.bench.client import Job
 
@@ -155,28 +156,28 @@ def llava_hf_copy(model_dir: str, cache_root: str) -> str:
 def run_vllm(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: int = 2,
              venv: str = DEFAULT_VLLM_VENV, timeout_s: float = 1800, dtype: str = "float32",
              max_num_batched_tokens: int | None = None, batches: int = 1, enforce_eager: bool = False,
-             kv_cache_bytes: int | None = None, max_model_len: int = 4096) -> PeerRun:
+             kv_cache_bytes: int | None = None, max_model_len: int = 4096,
+             request_spec: Callable[[Job, str, str], dict] | None = None) -> PeerRun:
     """Raises FileNotFoundError when vLLM's environment is absent (callers skip with a message).
     `max_num_batched_tokens`: vLLM's per-step token budget (its default where None). `batches`: timed
     batches in the one vLLM process, its prefix, encoder and multimodal caches reset before each;
     the fastest one's figures. `enforce_eager`: vLLM's eager mode instead of its default compiled one.
-    `kv_cache_bytes`: its KV space (where None: VLLM_CPU_KVCACHE_SPACE, default 2 GiB)."""
+    `kv_cache_bytes`: its KV space (where None: VLLM_CPU_KVCACHE_SPACE, default 2 GiB). `request_spec(job,
+    folder, name)`: one request's entry (media written under folder) for a checkpoint vLLM reads as it is
+    (Qwen-VL: bench/qwen_peers.py); where None, a LLaVA one, rewritten to llava-hf, media as images."""
     python = vllm_python(venv)
     if python is None:
         raise FileNotFoundError(f"vLLM-CPU is not installed at {venv}; set it up with {VLLM_SETUP} {venv}")
     work = tempfile.mkdtemp(prefix="vlserve-vllm-")
     try:
-        model = llava_hf_copy(model_dir, os.path.join(tempfile.gettempdir(), "vlserve-bench-models"))
+        model = model_dir if request_spec else llava_hf_copy(model_dir, os.path.join(tempfile.gettempdir(),
+                                                                                      "vlserve-bench-models"))
         spec = {"model": model, "threads": threads, "dtype": dtype, "requests": [],
                 "max_num_batched_tokens": max_num_batched_tokens, "batches": batches, "enforce_eager": enforce_eager,
                 "kv_cache_memory_bytes": kv_cache_bytes, "max_model_len": max_model_len}
         for n, r in enumerate(reqs):
-            prompt, images = expand_media(r, video_frames)
-            paths = []
-            for k, im in enumerate(images):
-                paths.append(os.path.join(work, f"r{n}_{k}.png"))
-                im.save(paths[-1])
-            spec["requests"].append({"prompt": prompt, "images": paths, "max_new_tokens": r.max_new_tokens})
+            spec["requests"].append(request_spec(r, work, f"r{n}") if request_spec
+                                    else _llava_request(r, video_frames, work, f"r{n}"))
         spec_path, out_path = os.path.join(work, "spec.json"), os.path.join(work, "out.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -196,6 +197,16 @@ def run_vllm(model_dir: str, reqs: list[Job], video_frames: int = 8, threads: in
                    res["latency_s"], res["ttft_s"], res["texts"],
                    f"vllm {res['version']}, offline LLM.generate, prefix caching on (blocks of {res['block_size']}), "
                    f"compilation {res.get('compilation_mode', '?')}{kv}", batch_walls_s=res["batch_walls_s"])
+
+
+def _llava_request(req: Job, video_frames: int, folder: str, name: str) -> dict:
+    """A LLaVA request's entry: one `<image>` per image or video frame, each saved as a PNG."""
+    prompt, images = expand_media(req, video_frames)
+    paths = []
+    for k, im in enumerate(images):
+        paths.append(os.path.join(folder, f"{name}_{k}.png"))
+        im.save(paths[-1])
+    return {"prompt": prompt, "images": paths, "max_new_tokens": req.max_new_tokens}
 
 
 # vLLM's CPU guide preloads these for speed; each is used where this machine has it

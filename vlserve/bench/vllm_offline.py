@@ -5,7 +5,10 @@
 spec: {"model", "threads", "dtype", "max_num_batched_tokens" (or null: vLLM's default),
        "batches" (timed batches, default 1), "enforce_eager" (default false: vLLM's compiled mode),
        "kv_cache_memory_bytes" (or null: vLLM's default sizing),
-       "requests": [{"prompt", "images": [png paths], "max_new_tokens"}]}.
+       "requests": [{"prompt", "images": [png paths], "max_new_tokens",
+                     "videos" (optional): [{"frames": .npy path of [T, H, W, 3] uint8, "metadata": {...}}]}]}.
+       A video's metadata is vLLM's (fps, duration, total_num_frames, frames_indices): its frames are
+       already sampled.
 out: wall time of one LLM.generate over every request (after a warm-up), per-request token counts,
 num_cached_tokens (prefix-cache hits), and latency / time to first token where vLLM reports them;
 with several batches (the prefix, encoder and multimodal-input caches reset before each, the
@@ -19,6 +22,7 @@ import time
 
 
 def main(spec_path: str, out_path: str) -> None:
+    import numpy as np
     import vllm
     from PIL import Image
     from vllm import LLM, SamplingParams
@@ -26,11 +30,13 @@ def main(spec_path: str, out_path: str) -> None:
     spec = json.load(open(spec_path))
     reqs = spec["requests"]
     max_images = max(1, max(len(r["images"]) for r in reqs))
+    max_videos = max(len(r.get("videos", [])) for r in reqs)
+    limits = {"image": max_images, **({"video": max_videos} if max_videos else {})}
     optional = {k: spec[k] for k in ("max_num_batched_tokens", "kv_cache_memory_bytes") if spec.get(k)}
     # compiled mode (the default) compiles while LLM() starts and on the warm-up below: neither is timed
     llm = LLM(model=spec["model"], enforce_eager=bool(spec.get("enforce_eager", False)), enable_prefix_caching=True,
               dtype=spec.get("dtype", "float32"), max_model_len=spec.get("max_model_len", 4096),
-              limit_mm_per_prompt={"image": max_images}, seed=0,
+              limit_mm_per_prompt=limits, seed=0,
               disable_log_stats=False, **optional)  # with stats on, each output carries its timings
     inputs = []
     for r in reqs:
@@ -38,6 +44,9 @@ def main(spec_path: str, out_path: str) -> None:
         if r["images"]:
             images = [Image.open(p).convert("RGB") for p in r["images"]]
             item["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
+        if r.get("videos"):
+            videos = [(np.load(v["frames"]), {**v["metadata"], "do_sample_frames": False}) for v in r["videos"]]
+            item.setdefault("multi_modal_data", {})["video"] = videos if len(videos) > 1 else videos[0]
         inputs.append(item)
     params = [SamplingParams(temperature=0.0, max_tokens=r["max_new_tokens"], ignore_eos=True) for r in reqs]
     warm = {"prompt": "USER: warm up " + "x " * 8 + "ASSISTANT:"}
