@@ -1,4 +1,4 @@
-"""A Qwen-VL request from its prompt text and media bytes (engine/qwen_request.py), through
+"""A Qwen-VL request from its prompt text and media bytes (engine/qwen_prompt.py), through
 Engine.generate: the chat template's pads expanded to transformers' length, greedy ids equal to
 transformers' generate on the same pixels, a follow-up about the same picture served from the
 cache, Qwen3-VL's timestamped frame pairs, and a pad count that does not match the media refused."""
@@ -15,6 +15,8 @@ from vlserve.core.errors import InvalidRequest
 from vlserve.engine.engine import Engine
 from vlserve.preprocess import read_video
 from vlserve.preprocess.qwen_vl import QwenVLProcessing
+from vlserve.preprocess.qwen_vl_media import QwenVLMediaProcessing
+from vlserve.preprocess.qwen_vl_video import process_sampled_video
 from vlserve.testing.tiny_qwen_vl import make_tiny_qwen_vl
 
 PICTURE = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -49,8 +51,9 @@ def test_picture_from_bytes_matches_transformers(checkpoint, engine):
     prompt = chat(f"{PICTURE}What is in the picture?")
     out = _generate(engine, prompt, image_data=png)
     again = _generate(engine, chat(f"{PICTURE}What colour?"), image_data=png)
-    cfg, tokenizer, processing = engine.loaded.config, engine.tokenizer, engine.loaded.image_processing
-    assert isinstance(processing, QwenVLProcessing)
+    cfg, tokenizer, media = engine.loaded.config, engine.tokenizer, engine.loaded.image_processing
+    assert isinstance(media, QwenVLMediaProcessing) and isinstance(media.image, QwenVLProcessing)
+    processing = media.image
     picture = processing.process(Image.open(io.BytesIO(png)).convert("RGB")).pixel_values
     ids = tokenizer(prompt)["input_ids"]
     inputs = hf_inputs(ids, [picture], cfg)
@@ -68,8 +71,7 @@ def test_picture_from_bytes_matches_transformers(checkpoint, engine):
 def test_video_from_bytes(engine):
     clip = video_mp4(4, frames=8, size=64)  # 64 px frames: 56x56, a 4x4 grid, 4 pairs of 4 tokens
     out = _generate(engine, chat(f"{VIDEO}What happens?"), video_data=clip)
-    builder = engine.builder
-    video = builder.qwen._video(builder.image_cache, builder.limits, clip, 8, None)
+    video = process_sampled_video(engine.loaded.image_processing.video, read_video(clip, num_frames=8))
     assert len(video.patches) == 4 and len(read_video(clip, num_frames=8).frames) == 8
     if engine.loaded.config.text.mrope_interleaved:  # Qwen3-VL: each pair after its `<t seconds>`, its own pad
         assert video.second_per_grid_t is None and len(video.timestamps) == 4
@@ -85,5 +87,8 @@ def test_video_from_bytes(engine):
 def test_pads_must_match_the_media(engine):
     with pytest.raises(InvalidRequest, match="image and 0 video pad tokens"):
         _generate(engine, chat(f"{PICTURE}{PICTURE}Two?"), image_data=scene_png(1))
-    with pytest.raises(InvalidRequest, match="pad tokens for 1 pictures"):
-        _generate(engine, chat("No pad here"), image_data=scene_png(1))
+    # a picture without a pad goes first, as an `<image>`-less LLaVA prompt places it
+    unplaced = _generate(engine, chat("No pad here"), image_data=scene_png(1))
+    placed = _generate(engine, PICTURE + chat("No pad here"), image_data=scene_png(1))
+    assert unplaced["output_ids"] == placed["output_ids"]
+    assert unplaced["meta_info"]["prompt_tokens"] == placed["meta_info"]["prompt_tokens"]
