@@ -21,13 +21,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-import av
 import httpx
 import numpy as np
 from PIL import Image
 
 from vlserve.bench.models import bench_model
 from vlserve.bench.peers import _vllm_env, llava_hf_copy, vllm_python
+from vlserve.bench.workload_defs import lossless_mkv
 from vlserve.testing.tiny import TinyModelSpec
 
 # A decoder wide enough that a forward's compute dominates its overhead; CLIP at 112 px, patch 14:
@@ -123,18 +123,7 @@ def scene_frames(seconds: float, source_fps: int, size: int, seed: int = 0) -> l
 
 
 def lossless_clip(frames: list[np.ndarray], source_fps: int) -> bytes:
-    """ffv1 in Matroska: equal frames decode to equal pixels, so a clip and its continuation agree."""
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="matroska") as out:
-        stream = out.add_stream("ffv1", rate=source_fps)
-        stream.height, stream.width = frames[0].shape[:2]
-        stream.pix_fmt = "bgr0"
-        for f in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return buf.getvalue()
+    return lossless_mkv(frames, source_fps)
 
 
 def png_uri(pixels: np.ndarray) -> str:

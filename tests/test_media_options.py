@@ -2,31 +2,19 @@
 /generate and /upload aliases, validation by name, and what the options change: the frames and pixels
 the model sees, so the token counts and the radix keys."""
 
-import io
 
-import av
 import numpy as np
 import pytest
 
 from helpers.server_helpers import data_uri, png
+from vlserve.bench.workload_defs import lossless_mkv
 from vlserve.preprocess import MediaOptionError, MediaOptions, VideoSampling
 
 
 def lossless_video(seed: int, n: int, rate: int = 4, size: int = 32) -> bytes:
     """n random frames at `rate` fps; ffv1, so equal frames decode to equal pixels."""
     rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="matroska") as out:
-        stream = out.add_stream("ffv1", rate=rate)
-        stream.width = stream.height = size
-        stream.pix_fmt = "bgr0"
-        for _ in range(n):
-            frame = rng.integers(0, 255, (size, size, 3), dtype=np.uint8)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return buf.getvalue()
+    return lossless_mkv([rng.integers(0, 255, (size, size, 3), dtype=np.uint8) for _ in range(n)], rate)
 
 
 # ---- the rules ----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from vlserve.bench.workload_defs import lossless_mkv
 from vlserve.server.app import make_engine
 from vlserve.server.background import BackgroundServer
 from vlserve.server.args import ServerArgs
@@ -108,16 +109,7 @@ def mp4(num_frames: int = 6, size: int = 32) -> bytes:
 
 def lossless_video(frames: list[np.ndarray], rate: int = 6) -> bytes:
     """A Matroska/FFV1 video of these RGB frames: lossless, so equal frames decode to equal pixels."""
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="matroska") as container:
-        stream = container.add_stream("ffv1", rate=rate)
-        stream.height, stream.width, stream.pix_fmt = *frames[0].shape[:2], "bgr0"
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return buf.getvalue()
+    return lossless_mkv(frames, rate)
 
 
 def png_bomb(width: int = 50_000, height: int = 50_000) -> bytes:

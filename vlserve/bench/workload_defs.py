@@ -171,6 +171,24 @@ def optimal_hit_rate(sequences: list[list[int]]) -> float:
 # For the built-in model (vlserve.builtin.scenes): answers are known, so the batch jobs report accuracy.
 
 
+def lossless_mkv(frames, fps: int) -> bytes:
+    """RGB uint8 arrays as a Matroska/FFV1 video: lossless, so equal frames decode to equal pixels (a
+    clip and its continuation agree on their common frames)."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="matroska") as out:
+        stream = out.add_stream("ffv1", rate=fps)
+        stream.height, stream.width = frames[0].shape[:2]
+        stream.pix_fmt = "bgr0"
+        for f in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
 def frames_mkv(frames: list[Image.Image], fps: int = 4) -> bytes:
     """Frames as a lossless Matroska/FFV1 video, so decoding gives back the exact pixels drawn."""
     import av
