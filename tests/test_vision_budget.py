@@ -77,3 +77,16 @@ def test_media_over_the_context_are_refused_up_front_with_the_tokens_they_need(s
     tpi = engine.loaded.config.tokens_per_image
     with pytest.raises(InvalidRequest, match=rf"need {6 * tpi} tokens, over the context length of 64"):
         short.build(prompt="<video>\nWhat?", video_data=mp4(6), video_num_frames=6)
+
+
+def test_an_extend_ending_where_an_item_starts_does_not_charge_it():
+    budget = VisionBudget(4 * FRAME)
+    assert budget.cap(video_request("video", 2), 2) == 2  # the text before the first frame
+    assert budget.used == 0  # the frame starting at position 2 is the next step's
+
+
+def test_any_item_already_charged_stops_one_that_does_not_fit():
+    req = Req("tiny", list(range(100, 110)), SamplingParams(max_new_tokens=2),
+              [ImageSpan(0, 1, b"a" * 16, None), ImageSpan(1, 2, b"b" * 16, None)])
+    budget = VisionBudget(2)
+    assert budget.cap(req, 10) == 1 and budget.used == 1  # one token spent: the 2-token item waits
