@@ -70,5 +70,13 @@ def unpack(packed: torch.Tensor, out_features: int, in_features: int, dtype: tor
     return plain[:last - first].contiguous()
 
 
+def gather_rows(packed: torch.Tensor, ids: torch.Tensor, in_features: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `ids` of the plain weight ([*ids.shape, in_features], a new tensor), read from its packed
+    layout: row n is lane n % 16 of block n // 16 at every step (a tied embedding's lookup)."""
+    flat = ids.reshape(-1)
+    words = packed[flat // 16, :, flat % 16]  # [rows, steps] 32-bit words: fp32 elements or bf16 pairs
+    return words.view(dtype)[:, :in_features].reshape(*ids.shape, in_features)
+
+
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
     return _ops().linear(x, packed, out_features, bias)

@@ -11,6 +11,7 @@ from torch import nn
 from vlserve.cpu import gemm as cpu_gemm
 from vlserve.kernels import decode_gemm
 from vlserve.cpu.gemm import ONEDNN_MIN_ROWS, SMALL_ROWS, UPCAST_MIN_ROWS, CpuLinear, use_cpu_gemm
+from vlserve.cpu.tied_embedding import PackedRowsEmbedding
 
 ROWS = [1, ONEDNN_MIN_ROWS - 1, ONEDNN_MIN_ROWS, UPCAST_MIN_ROWS - 1, UPCAST_MIN_ROWS, SMALL_ROWS - 1, SMALL_ROWS, 300]
 
@@ -158,6 +159,53 @@ def test_a_shared_weight_is_packed_only_while_the_copy_fits(caplog):
     head.pack_on_use = True
     report = cpu_gemm.pack_weights({"lm_head": head}, shared={id(emb.weight)}, free_bytes=4 * size)
     assert head.packed is not None and report.extra_bytes == size and emb.weight.shape == (72, 96)
+
+
+class _TiedLM(nn.Module):
+    """An embedding and an LM head sharing one weight, as a tied decoder holds them (151 x 96: the last
+    block of 16 rows short)."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        torch.manual_seed(5)
+        self.embed = nn.Embedding(151, 96).to(dtype)
+        self.lm_head = nn.Linear(96, 151, bias=False).to(dtype)
+        self.lm_head.weight = self.embed.weight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tied_embedding_reads_its_rows_from_the_heads_packed_layout(dtype):
+    """One copy serves the tied pair: the head packed like any layer (no extra copy, none left plain),
+    the embedding holding no weight of its own and giving exactly the original rows."""
+    if not _packs(dtype):
+        pytest.skip(f"our kernel does not run {dtype} here: nothing is packed")
+    model = _TiedLM(dtype)
+    weight = model.embed.weight.detach().clone()
+    use_cpu_gemm(model)
+    report = model.cpu_gemm_report
+    assert isinstance(model.embed, PackedRowsEmbedding) and list(model.embed.parameters()) == []
+    assert model.lm_head.packed is not None and report.extra_bytes == 0 and not report.plain
+    assert report.tied == ["embed"] and report.packed_bytes == decode_gemm.packed_bytes(151, 96, dtype)
+    ids = torch.tensor([[0, 150, 17], [144, 15, 16]])
+    assert torch.equal(model.embed(ids), weight[ids])  # the rows as they were, bit for bit
+    x = torch.randn(3, 96).to(dtype)
+    exact = F.linear(x.float(), weight.float())
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(model.lm_head(x).float(), exact, atol=tol * exact.abs().max().item(), rtol=tol)
+    state = model.state_dict()
+    assert torch.equal(state["embed.weight"], weight) and torch.equal(state["lm_head.weight"], weight)
+    with pytest.raises(IndexError, match=r"\[0, 151\)"):
+        model.embed(torch.tensor([151]))  # a padding lane of the last block is no row
+
+
+def test_a_tied_embedding_loads_a_new_weight_into_the_head():
+    if not _packs(torch.float32):
+        pytest.skip("our kernel does not run fp32 here: nothing is packed")
+    model = use_cpu_gemm(_TiedLM(torch.float32))
+    new = torch.randn(151, 96)
+    model.load_state_dict({"embed.weight": new}, strict=False)
+    assert model.lm_head.packed is not None
+    assert torch.equal(model.embed(torch.arange(151)), new) and torch.equal(model.lm_head.weight, new)
 
 
 def test_onednn_row_counts_are_padded_to_a_few_buckets_with_amx():

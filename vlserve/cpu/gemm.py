@@ -16,10 +16,12 @@ Why: at the few to few dozen rows serving runs, MKL and oneDNN reach a fraction 
 while the step is bound by streaming the weights, which our kernel reads once per step; on AVX-512
 it measured level with or ahead of oneDNN on oneDNN's own blocked layout at every row count up to
 2,048 (benchmarks/RESULTS.md, "One resident weight copy"), so that blocked copy, and the plain one
-beside it, are no longer kept. A weight another module also holds (a tied LM head's embedding) keeps
-its plain tensor there, and its packed layout is an extra copy: skipped past PACK_MEMORY_SHARE of the
-memory left, and the start-up log names those layers. Half-precision oneDNN calls are padded to a
-few row counts (onednn_rows) so oneDNN builds each primitive once.
+beside it, are no longer kept. A tied embedding reads its rows from the LM head's packed layout
+(cpu/tied_embedding.py), so a tied head is packed like any other layer. A weight another module still
+holds (a tensor-parallel shard's tied head) keeps its plain tensor there, and its packed layout is an
+extra copy: skipped past PACK_MEMORY_SHARE of the memory left, and the start-up log names those layers.
+Half-precision oneDNN calls are padded to a few row counts (onednn_rows) so oneDNN builds each
+primitive once.
 """
 
 import functools
@@ -32,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlserve.cpu.tied_embedding import tie_embeddings
 from vlserve.kernels import decode_gemm, small_gemm
 
 log = logging.getLogger(__name__)
@@ -141,6 +144,7 @@ class PackReport:
     packed_bytes: int = 0
     extra_bytes: int = 0
     plain: list[tuple[str, str]] = field(default_factory=list)  # (layer, reason)
+    tied: list[str] = field(default_factory=list)  # embeddings reading a tied head's packed layout
 
 
 class CpuLinear(nn.Linear):
@@ -300,7 +304,8 @@ def _plain_linear(path: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.
 
 def use_cpu_gemm(model: nn.Module, use_small_gemm: bool = True) -> nn.Module:
     """Replaces every plain nn.Linear in `model` (decoder, projector, vision tower) by a CpuLinear
-    holding its parameters, then packs and warms them; returns the model (a bare nn.Linear: its
+    holding its parameters, and an embedding tied to one of them by a lookup in its packed layout
+    (PackedRowsEmbedding), then packs and warms them; returns the model (a bare nn.Linear: its
     CpuLinear). A no-op without oneDNN. The packing's report is kept on the model as
     `cpu_gemm_report` (the engine's start-up memory report reads it)."""
     if not torch.backends.mkldnn.is_available():
@@ -312,8 +317,13 @@ def use_cpu_gemm(model: nn.Module, use_small_gemm: bool = True) -> nn.Module:
             if type(child) is nn.Linear:
                 setattr(parent, name, CpuLinear.from_linear(child, use_small_gemm))
     layers = {name: m for name, m in model.named_modules() if isinstance(m, CpuLinear)}
+    tied = tie_embeddings(model, list(layers.values()))  # a tied embedding reads the head's packed rows
     held = {id(p) for m in model.modules() if not isinstance(m, CpuLinear) for p in m.parameters(recurse=False)}
-    model.__dict__["cpu_gemm_report"] = pack_weights(layers, shared=held)
+    report = pack_weights(layers, shared=held)
+    report.tied = tied
+    if tied:
+        log.info("CPU GEMM: %s read their rows from the tied LM head's packed layout (one copy)", ", ".join(tied))
+    model.__dict__["cpu_gemm_report"] = report
     warm_onednn(list(layers.values()))
     return model
 

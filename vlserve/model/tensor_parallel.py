@@ -183,7 +183,8 @@ def shard_model(model: nn.Module, tp: TPContext) -> nn.Module:
                               "checkpoint with --tp-size 1")
     check_shardable(lm.layers[0].self_attn.num_heads, lm.layers[0].self_attn.num_kv_heads,
                     lm.layers[0].mlp.gate_up_proj.out_features // 2, tp.size)
-    tied = model.lm_head.weight is lm.embed_tokens.weight
+    tied = (getattr(lm.embed_tokens, "head", None) is model.lm_head  # cpu/tied_embedding.py: one packed copy
+            or model.lm_head.weight is lm.embed_tokens.weight)
     lm.embed_tokens = VocabParallelEmbedding(lm.embed_tokens, tp)
     model.lm_head = ParallelLMHead(model.lm_head, tp, lm.embed_tokens if tied else None)
     for layer in lm.layers:
