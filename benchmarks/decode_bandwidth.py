@@ -5,10 +5,12 @@ reported as a share of the copy bandwidth measured in the same run, beside the c
 - Copy bandwidth: a tensor copy of --copy-mb MB (larger than the caches), bytes read + bytes written
   per second (STREAM's "copy" count); and a read-only pass (a sum) for reference. Best of --repeats.
 - Decode: a random LLaVA checkpoint written by the project's tiny writer (--hidden, --intermediate,
-  --layers, --vocab: ~100 M parameters, 400 MB in fp32, by default), loaded as the engine loads it
-  (every fast path on), decoding one request (benchmarks/per_token.py's Harness) for --steps tokens.
-  Weight bytes per token: the decoder's and the LM head's linear layers in their resident layout
-  (the embedding reads one row). The vision tower takes no part in decode.
+  --layers, --vocab: ~100 M parameters, 400 MB in fp32, by default; or --spec, a real size of
+  vlserve/bench/models.py, e.g. qwen2-0.5b-siglip, written once under /tmp/vlserve-bench-models), loaded
+  as the engine loads it (every fast path on), decoding one request (benchmarks/per_token.py's
+  Harness) for --steps tokens. Weight bytes per token: the decoder's and the LM head's linear layers
+  in their resident layout (the embedding reads one row; a tied one, from the LM head's layout). The
+  vision tower takes no part in decode.
 - Compute roofline: 2 x those linear parameters FLOPs per token at the CPU GEMM peak
   (vlserve.bench.flops.gemm_peak, as benchmarks/roofline.py uses).
 - The linear layers alone: one row through each of them in turn and nothing else, the same bytes:
@@ -16,6 +18,7 @@ reported as a share of the copy bandwidth measured in the same run, beside the c
 
     python benchmarks/decode_bandwidth.py --threads 2 --out benchmarks/results/decode_bandwidth.md
     python benchmarks/decode_bandwidth.py --threads 1 --clock cpu --out benchmarks/results/decode_bandwidth_cpu1.md
+    python benchmarks/decode_bandwidth.py --spec qwen2-0.5b-siglip --out benchmarks/results/decode_bandwidth_0.5b.md
 """
 
 import argparse
@@ -30,10 +33,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import per_token  # noqa: E402  (benchmarks/ is not a package)
 
 from vlserve.bench.flops import gemm_peak  # noqa: E402
+from vlserve.bench.models import SPECS, bench_model  # noqa: E402
 from vlserve.bench.report import write_report  # noqa: E402
 from vlserve.core.config import KernelConfig  # noqa: E402
 from vlserve.cpu.gemm import CpuLinear  # noqa: E402
-from vlserve.testing.tiny import TinyModelSpec, make_tiny_model  # noqa: E402
+from vlserve.testing.tiny import TinyModelSpec  # noqa: E402
 
 
 def copy_bandwidth(megabytes: int, repeats: int, clock=time.perf_counter) -> tuple[float, float]:
@@ -94,21 +98,29 @@ def main():
     ap.add_argument("--copy-mb", type=int, default=512)
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: the process's CPU time, for one thread on a machine other jobs share")
-    ap.add_argument("--model", default="/tmp/vlserve-bench-models/decode-bandwidth")
+    ap.add_argument("--spec", choices=sorted(SPECS), help="a benchmark checkpoint of vlserve/bench/models.py "
+                    "instead of --hidden/--intermediate/--layers/--vocab (--model defaults to its folder)")
+    ap.add_argument("--model", help="the checkpoint's folder (default /tmp/vlserve-bench-models/decode-bandwidth, "
+                    "or the --spec's name there); written there if missing")
     ap.add_argument("--out", default="benchmarks/results/decode_bandwidth.md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    spec = TinyModelSpec(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-                         num_layers=args.layers, num_heads=args.hidden // 64, num_kv_heads=max(1, args.hidden // 256),
-                         vision_hidden=64, vision_layers=1, image_size=32, patch_size=8, max_position_embeddings=4096)
-    if not os.path.exists(os.path.join(args.model, "config.json")):
-        make_tiny_model(args.model, seed=0, spec=spec)
+    if args.spec:
+        spec = SPECS[args.spec]
+    else:
+        spec = TinyModelSpec(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                             num_layers=args.layers, num_heads=args.hidden // 64,
+                             num_kv_heads=max(1, args.hidden // 256), vision_hidden=64, vision_layers=1,
+                             image_size=32, patch_size=8, max_position_embeddings=4096)
+    model_dir = args.model or os.path.join("/tmp/vlserve-bench-models", args.spec or "decode-bandwidth")
+    bench_model(model_dir, spec)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     copy, read = copy_bandwidth(args.copy_mb, args.repeats, clock)
     lines = [f"Batch-1 decode against copy bandwidth: torch {torch.__version__}, {args.threads} threads, "
              f"{torch.backends.cpu.get_cpu_capability()}, {args.clock} clock, load average "
-             f"{os.getloadavg()[0]:.1f}; model hidden {args.hidden}, intermediate {args.intermediate}, "
-             f"{args.layers} layers, vocab {args.vocab}; "
+             f"{os.getloadavg()[0]:.1f}; model {args.spec or 'decode-bandwidth'}: hidden {spec.hidden_size}, "
+             f"intermediate {spec.intermediate_size}, {spec.num_layers} layers, vocab {spec.vocab_size}"
+             f"{', tied embeddings' if spec.tie_word_embeddings else ''}; "
              f"{args.steps} decode steps, median of {args.repeats}. Copy bandwidth {copy:.1f} GB/s (read + write), "
              f"read-only {read:.1f} GB/s.\n",
              "| dtype | weight MB read per token | ms per token | tokens/s | achieved GB/s | share of copy | "
@@ -118,7 +130,7 @@ def main():
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
         config = {"kernels": KernelConfig(), "attention": "torch", "dtype": name}
-        harness = per_token.Harness(args.model, config, 1, 64 + args.steps, clock)
+        harness = per_token.Harness(model_dir, config, 1, 64 + args.steps, clock)
         size, params = decode_weight_bytes(harness.runner.model)
         harness.run(1, 16, 0, 4, seed=99)
         times = [harness.run(1, 16, 0, args.steps, seed=r)[1] / args.steps for r in range(args.repeats)]
