@@ -80,24 +80,35 @@ def test_router_key_is_the_engines_radix_key(tmp_path):
 
 
 @pytest.mark.slow
-def test_triton_path_matches_the_cpu_kernel(tmp_path):
-    """--attention-backend triton (Triton's interpreter without a GPU) gives the torch backend's ids
-    and logits within 1e-4 for a picture prompt, prefill and decode."""
-    path = make_tiny_qwen_vl(str(tmp_path), "qwen2.5-vl", seed=6)
-    prompt = "<|vision_start|><|image_pad|><|vision_end|>What is it?"
-    results = []
+@pytest.mark.parametrize("arch", ["qwen2-vl", "qwen2.5-vl", "qwen3-vl"])
+def test_triton_path_matches_the_cpu_kernel(tmp_path, arch):
+    """--attention-backend triton (Triton's interpreter without a GPU) over M-RoPE positions gives the
+    torch backend's greedy ids and logits within 1e-4 for a picture with a video (Qwen2.5-VL: seconds
+    per temporal patch; Qwen3-VL: timestamps, interleaved sections, DeepStack), prefill in chunks over
+    pages of 4 and decode. The rotary takes the [3, T] positions on both paths (model/llama.py); the
+    Triton kernels read the KV it wrote through the paged pool."""
+    path = make_tiny_qwen_vl(str(tmp_path), arch, seed=6)
+    results, chunk = [], 16
+    prompt, params = VIDEO_PROMPTS["picture-and-video"][0], {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
     for backend in ("torch", "triton"):
-        with Engine(path, max_total_tokens=512, attention_backend=backend) as engine:
+        with Engine(path, max_total_tokens=1024, attention_backend=backend, page_size=4,
+                    chunked_prefill_size=chunk) as engine:
             steps = []
             forward = engine.runner.forward
-            engine.runner.forward = lambda batch: steps.append(forward(batch).clone()) or steps[-1]
-            out = engine.generate(prompt=prompt, image_data=[_png(60, 90, 4)],
-                                  sampling_params={"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+            engine.runner.forward = lambda batch: steps.append((batch.positions.clone(), forward(batch).clone())) \
+                or steps[-1][1]
+            out = engine.generate(prompt=prompt, image_data=[_png(60, 90, 4)], video_data=[mp4(6, 48)],
+                                  sampling_params=params)
             results.append((out["output_ids"], steps))
+            prompt_tokens = out["meta_info"]["prompt_tokens"]
     (ids_cpu, steps_cpu), (ids_triton, steps_triton) = results
+    assert prompt_tokens > 2 * chunk and len(steps_cpu) == -(-prompt_tokens // chunk) + 2  # chunks, 2 decodes
     assert ids_triton == ids_cpu and len(steps_triton) == len(steps_cpu)
-    for a, b in zip(steps_cpu, steps_triton):
+    for (pos_a, a), (pos_b, b) in zip(steps_cpu, steps_triton):
+        assert pos_a.dim() == 2 and pos_a.shape[0] == 3 and torch.equal(pos_a, pos_b)  # M-RoPE rows
         assert torch.allclose(a, b, atol=1e-4, rtol=0), (a - b).abs().max()
+    # the media's rows do not count one position per token: the three axes part somewhere
+    assert any(not torch.equal(pos[0], pos[1]) for pos, _ in steps_cpu)
 
 
 VIDEO_PROMPTS = {  # name → (prompt, with a picture)
