@@ -116,3 +116,33 @@ def test_the_chat_template_puts_a_shouted_message_in_sentence_case():
     assert render("WHERE IS THE RED SQUARE?") == "<s>USER: <image>\nWhere is the red square? ASSISTANT: "
     assert render("Is the RED square there?").endswith("\nIs the RED square there? ASSISTANT: ")
     assert render("how many?").endswith("\nhow many? ASSISTANT: ")
+
+
+def _yes_no_relation(question: str):
+    """(relation, name of A, name of B) of a yes/no relation question, from typed.YESNO_RELATIONS."""
+    name = r"((?:(?:" + "|".join(scenes.COLOURS) + r") )?(?:" + "|".join(scenes.SHAPES) + r"))"
+    for rel, forms in typed.YESNO_RELATIONS.items():
+        for form in forms:
+            pattern = re.escape(form).replace(r"\{a\}", name).replace(r"\{b\}", name)
+            m = re.search(pattern, question, re.IGNORECASE)
+            if m:
+                return rel, m.group(1).lower(), m.group(2).lower()
+    return None
+
+
+def test_yes_no_relation_answers_agree_with_the_masks(drawn):
+    """Above, below, left and right, asked either way round: Yes exactly when A lies on that side of B."""
+    seen = set()
+    for sc in drawn:
+        shapes, mask = sc.objects[0], sc.masks[0]
+        centres = scenes.centroids(mask, len(shapes))
+        names = typed._names(shapes)
+        for qa in (qa for qa in sc.qas if qa.qtype == typed.RELATION_QTYPE and qa.answer in ("Yes.", "No.")):
+            rel, a, b = _yes_no_relation(qa.question)
+            ka, kb = names.index(a), names.index(b)
+            axis, sign = {"above": (1, -1), "below": (1, 1), "left": (0, -1), "right": (0, 1)}[rel]
+            offset = sign * (centres[ka][axis] - centres[kb][axis])
+            assert abs(offset) > typed.GAP, qa
+            assert (qa.answer == "Yes.") == (offset > 0), (qa, centres[ka], centres[kb])
+            seen.add((rel, qa.answer))
+    assert seen == {(rel, ans) for rel in ("above", "below", "left", "right") for ans in ("Yes.", "No.")}

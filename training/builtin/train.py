@@ -693,6 +693,7 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=None, help="time budget, turned into steps after 30 steps")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=150, help="steps of linear learning-rate warm-up")
     p.add_argument("--aux-weight", type=float, default=1.0)
     p.add_argument("--attn-weight", type=float, default=1.0, help="weight of the attention supervision loss")
     p.add_argument("--eval-every", type=int, default=1000)
@@ -718,8 +719,8 @@ def main() -> None:
     if (a.steps is None) == (a.minutes is None):
         p.error("give exactly one of --steps or --minutes")
     train(TrainArgs(out=a.out, seed=a.seed, steps=a.steps, minutes=a.minutes, threads=a.threads, lr=a.lr,
-                    aux_weight=a.aux_weight, attn_weight=a.attn_weight, eval_every=a.eval_every, patch=a.patch,
-                    image_size=a.image_size,
+                    warmup=a.warmup, aux_weight=a.aux_weight, attn_weight=a.attn_weight, eval_every=a.eval_every,
+                    patch=a.patch, image_size=a.image_size,
                     vision_warmup=a.vision_warmup, text_layers=a.text_layers, init=a.init,
                     cpu_minutes=a.cpu_minutes, stop_after=a.stop_after, multi_scene_share=a.multi_scene_share,
                     typed_share=a.typed_share,
