@@ -13,6 +13,8 @@ prompt token is computed, so its time is the floor any follow-up pays (one batch
 weights). `--spec qwen2.5-vl`: the 104.7 M
 Qwen2.5-VL checkpoint (bench/qwen_models.py) with the same prompts in Qwen's chat markup; its
 pictures keep their native resolution (336 px: 144 tokens; 1920x1080: 1932x1092, 2,691 tokens).
+`--spec qwen2.5-vl-tower`: the same decoder under Qwen2.5-VL's published tower (32 layers of 1280,
+~670 M parameters), so a first question pays the tower the models people serve make it pay.
 """
 
 import argparse
@@ -25,9 +27,11 @@ from image_cache import photo  # noqa: E402  (the same synthetic photos as bench
 
 from vlserve import Engine  # noqa: E402
 from vlserve.bench.models import BENCH_SPEC, SMALL_SPEC, bench_model  # noqa: E402
-from vlserve.bench.qwen_models import qwen_bench_model  # noqa: E402
+from vlserve.bench.qwen_models import QWEN25_VL_TOWER_SPEC, qwen_bench_model  # noqa: E402
 from vlserve.bench.qwen_workloads import FAMILY as QWEN, qwen_prompt  # noqa: E402
 from vlserve.bench.report import write_report  # noqa: E402
+
+QWEN_TOWER = f"{QWEN}-tower"
 
 FORMATS = (("PNG 336x336", 336, 336, "PNG"), ("JPEG 1920x1080", 1920, 1080, "JPEG"))
 
@@ -55,14 +59,17 @@ def conversation(markup, answer: str | None = None) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spec", choices=("small", "bench", QWEN), default="bench",
-                    help=f"{QWEN}: bench/qwen_models.py's checkpoint, the prompts in Qwen's chat markup")
+    ap.add_argument("--spec", choices=("small", "bench", QWEN, QWEN_TOWER), default="bench",
+                    help=f"{QWEN}: bench/qwen_models.py's checkpoint, the prompts in Qwen's chat markup; "
+                         f"{QWEN_TOWER}: the same with Qwen2.5-VL's published tower")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/repeat_image_ttft.md")
     args = ap.parse_args(argv)
     if args.spec == QWEN:
         model, markup = qwen_bench_model(f"/tmp/vlserve-bench-models/{QWEN}-bench"), qwen_prompt
+    elif args.spec == QWEN_TOWER:
+        model, markup = qwen_bench_model(f"/tmp/vlserve-bench-models/{QWEN_TOWER}", QWEN25_VL_TOWER_SPEC), qwen_prompt
     else:
         spec = BENCH_SPEC if args.spec == "bench" else SMALL_SPEC
         model, markup = bench_model(f"/tmp/vlserve-bench-models/{args.spec}", spec), str

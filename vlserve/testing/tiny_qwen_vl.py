@@ -83,6 +83,9 @@ class TinyQwenVLSpec:
     vision_hidden: int = 32
     vision_layers: int = 2
     vision_heads: int = 2
+    vision_intermediate: int | None = None  # None: twice vision_hidden
+    window_size: int = 56  # Qwen2.5-VL: the windowed layers' window in pixels (published: 112)
+    fullatt_block_indexes: tuple[int, ...] | None = None  # Qwen2.5-VL: None: the last layer only
     # the image processor's bounds: 4 to 64 merged tokens a picture
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 64
@@ -151,12 +154,13 @@ def _vision_config(arch: QwenArch, spec: TinyQwenVLSpec) -> dict:
                   spatial_merge_size=2, temporal_patch_size=2)
     if arch is QWEN2_VL:  # hidden_size is the merger's output: the decoder's width
         return dict(common, embed_dim=spec.vision_hidden, hidden_size=spec.hidden_size, mlp_ratio=2)
-    common.update(hidden_size=spec.vision_hidden, intermediate_size=spec.vision_hidden * 2,
+    common.update(hidden_size=spec.vision_hidden, intermediate_size=spec.vision_intermediate or spec.vision_hidden * 2,
                   out_hidden_size=spec.hidden_size)
     if arch is QWEN2_5_VL:
-        # 56-pixel windows (2x2 merged patches) so that small pictures span several windows; the
-        # last layer attends fully, as every 8th does in the published towers
-        return dict(common, window_size=56, fullatt_block_indexes=[spec.vision_layers - 1], tokens_per_second=2)
+        # by default 56-pixel windows (2x2 merged patches) so that small pictures span several windows,
+        # and the last layer attending fully, as every 8th does in the published towers
+        full = list(spec.fullatt_block_indexes or [spec.vision_layers - 1])
+        return dict(common, window_size=spec.window_size, fullatt_block_indexes=full, tokens_per_second=2)
     # Qwen3-VL: a 6x6 learned position grid (interpolated to each picture), DeepStack from every layer
     return dict(common, num_position_embeddings=36, deepstack_visual_indexes=list(range(spec.vision_layers)))
 
