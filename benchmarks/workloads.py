@@ -15,6 +15,8 @@ transformers one left-padded batched `generate`; vLLM one offline `LLM.generate`
 message, when its environment is absent); llama.cpp every request at once to a llama-server's /completion
 (vlserve/bench/llamacpp.py; skipped, with a message, when it is not built). `--llamacpp-parallel` and
 `--llamacpp-type` take comma lists: each pair is a system of its own (`llamacpp-TYPE-pN`), for a sweep.
+With a compressed-tensors `--model` (W8A8, W4A16), llama.cpp converts `--llamacpp-model`, the full-precision
+checkpoint it was quantized from, to `--llamacpp-type` (q8_0, q4_0): both start from the same weights.
 Every system gets the same KV space, `--kv-tokens` token slots (vLLM: as bytes in the run's dtype).
 
 Each system's run times `--batches` such batches (default 3) in one engine, every cache it has (radix
@@ -56,7 +58,7 @@ from vlserve.bench.peers import PeerRun, best_batch, run_transformers, run_vllm
 from vlserve.bench.qwen_models import qwen_bench_model
 from vlserve.bench.qwen_peers import run_vllm_qwen
 from vlserve.bench.kv_space import context_length, kv_bytes_per_token
-from vlserve.bench.llamacpp import SHARED_PEERS, WEIGHT_TYPES, LlamaCppSetup, run_llamacpp
+from vlserve.bench.llamacpp import SHARED_PEERS, WEIGHT_TYPES, LlamaCppSetup, is_compressed, run_llamacpp
 from vlserve.bench.harness import bench_parser, threads_from, warm_up
 from vlserve.bench.own_thread import on_own_thread
 from vlserve.bench.report import command, commit, machine
@@ -335,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the folder holding llamacpp.sh and its llamacpp/ converters (not part of this project)")
     p.add_argument("--llamacpp-type", default="f16",
                    help=f"comma list of the text GGUF's weight types ({', '.join(WEIGHT_TYPES)})")
+    p.add_argument("--llamacpp-model", help="the full-precision checkpoint llama.cpp converts (default: --model); "
+                   "for a compressed-tensors --model, the one it was quantized from")
     p.add_argument("--llamacpp-parallel", default="4", help="comma list of llama-server --parallel values")
     p.add_argument("--llamacpp-cache-ram", type=int, help="llama-server --cache-ram MiB (default: its own)")
     p.add_argument("--llamacpp-poll", type=int, help="llama-server --poll 0..100 (0: idle threads sleep; "
@@ -364,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--kv-tokens must be at least 1024, --scale positive and every --llamacpp-parallel at least 1")
     peers = PeerOptions(args.vllm_venv, args.kv_tokens, args.vllm_enforce_eager,
                         LlamaCppSetup(args.llamacpp_build, args.llamacpp_dir, cache_ram_mib=args.llamacpp_cache_ram,
-                                      poll=args.llamacpp_poll),
+                                      poll=args.llamacpp_poll, source_model=args.llamacpp_model),
                         tuple((t, n) for t in types for n in parallels))
     threads_from(args)
     if args.family == Q.FAMILY and (other := set(systems) - set(Q.QWEN_SYSTEMS)):
@@ -372,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = args.model or (qwen_bench_model(f"/tmp/vlserve-bench-models/{Q.FAMILY}-bench")
                                if args.family == Q.FAMILY else
                                bench_model(f"/tmp/vlserve-bench-models/{args.spec}", SPECS[args.spec]))
+    if "llamacpp" in systems and is_compressed(args.llamacpp_model or model_dir):
+        p.error(f"{model_dir} is a compressed-tensors checkpoint: give llama.cpp the full-precision one it was "
+                "quantized from (--llamacpp-model)")
     os.makedirs(args.out, exist_ok=True)
     meta = {"command": command(argv), "commit": commit(),
             "machine": machine(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),

@@ -107,6 +107,13 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor, w_sca
     return _ops("vlserve_int8").int8_linear(x, packed, comp, w_scale, bias, isa)
 
 
+def int8_linear_quantized(xq: torch.Tensor, x_scale: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor,
+                          w_scale: torch.Tensor, bias: torch.Tensor | None, bf16: bool, isa: int = -1) -> torch.Tensor:
+    """int8_linear on rows already quantized (quantize_rows, or a norm that quantized its output:
+    fused.py's rms_norm_quant); bf16 out where `bf16`, else fp32."""
+    return _ops("vlserve_int8").int8_linear_quantized(xq, x_scale, packed, comp, w_scale, bias, bf16, isa)
+
+
 def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = x.float()
     scale = (x.abs().amax(dim=-1) / INT8_QMAX).clamp(min=torch.finfo(torch.float32).eps)

@@ -8,6 +8,10 @@ media markers do not match its images (llama-server refuses it, or places frames
 passing as a run instead of a skip that says how to build it.
 """
 
+import json
+import shutil
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import AutoConfig
@@ -75,6 +79,26 @@ def test_llamacpp_not_built_is_a_skip_naming_the_build_script(tmp_path, model_di
     setup = LlamaCppSetup(build_dir=str(tmp_path / "none"), shared_dir="/work/shared/peers")
     with pytest.raises(FileNotFoundError, match=r"llamacpp\.sh"):
         run_llamacpp(model_dir, W.few_shot(n=1, examples=1), setup=setup)
+
+
+def test_a_compressed_checkpoint_gives_llamacpp_the_one_it_was_quantized_from(tmp_path, model_dir, capsys):
+    """llama.cpp's converter reads full-precision weights: beside a compressed-tensors --model it converts
+    --llamacpp-model, and without one the run is refused (in the script, and by run_llamacpp)."""
+    compressed = tmp_path / "w8a8"
+    shutil.copytree(model_dir, compressed)
+    config = json.loads((compressed / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "compressed-tensors"}
+    (compressed / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit):
+        harness.main(["--systems", "vlserve-lpm,llamacpp", "--model", str(compressed), "--workload", "few_shot",
+                      "--out", str(tmp_path / "out")])
+    assert "give llama.cpp the full-precision one it was quantized from (--llamacpp-model)" in capsys.readouterr().err
+    setup = LlamaCppSetup(build_dir=str(tmp_path / "none"), shared_dir="/work/shared/peers")
+    reqs = W.few_shot(n=1, examples=1)
+    with pytest.raises(ValueError, match="--llamacpp-model"):
+        run_llamacpp(str(compressed), reqs, setup=setup)
+    with pytest.raises(FileNotFoundError, match=r"llamacpp\.sh"):  # past the check, to the (missing) build
+        run_llamacpp(str(compressed), reqs, setup=replace(setup, source_model=model_dir))
 
 
 def test_unknown_llamacpp_type_is_refused(capsys):

@@ -111,3 +111,56 @@ def test_int4_decode_and_dequantize_match_reference(built, shape, symmetric):
     ref = x.double() @ w_ref.double().t() + bias.double()
     y = quant_gemm.int4_decode(x, packed, sc, bias, n)
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-4)
+
+
+# ---- the norm before W8A8 projections, quantizing its own output ----------------------------------
+
+NORM_WIDTHS = [64, 70, 1537]  # a multiple of the vector width, a tail of 6, an odd width (q padded to 4)
+
+
+@pytest.fixture(scope="module")
+def fused():
+    from vlserve.kernels.fused import fused_op
+    op = fused_op(torch.zeros(1))
+    assert op is not None, "the fused CPU kernels did not build"
+    return op
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("width", NORM_WIDTHS, ids=str)
+def test_norm_quant_gives_the_bytes_of_quantizing_the_norm_output(built, fused, width, dtype):
+    """rms_norm_quant / add_rms_norm_quant = quantize_rows of rms_norm's output, exactly (scales too)."""
+    g = torch.Generator().manual_seed(width)
+    x, a = (torch.randn(9, width, generator=g) * 4).to(dtype), torch.randn(9, width, generator=g).to(dtype)
+    w = (torch.rand(width, generator=g) + 0.5).to(dtype)
+    x[2] = 0  # an all-zero row: zero codes, the epsilon scale
+    q, scale = fused.rms_norm_quant(x, w, 1e-5)
+    q_ref, scale_ref = quant_gemm.quantize_rows(fused.rms_norm(x, w, 1e-5))
+    assert q.shape == (9, (width + 3) // 4 * 4) and torch.equal(q, q_ref) and torch.equal(scale, scale_ref)
+    stream, q, scale = fused.add_rms_norm_quant(x, a, w, 1e-5)
+    stream_ref, h = fused.add_rms_norm(x, a, w, 1e-5)
+    q_ref, scale_ref = quant_gemm.quantize_rows(h)
+    assert torch.equal(stream, stream_ref) and torch.equal(q, q_ref) and torch.equal(scale, scale_ref)
+    assert torch.equal(q[:, :width], quant_gemm.quantize_rows_ref(h)[0])  # compressed-tensors' rounding
+
+
+def test_norm_quant_rounds_ties_to_even(built, fused):
+    """x of ones normalises to itself, so the norm's output is its weight: values whose x / scale is a
+    tie (scale 1: max 127.5) round to even, and 127.5 clamps to 127."""
+    ties = torch.tensor([127.5, 2.5, -2.5, 0.5, -0.5, 1.5, 3.5, -126.5] * 3)
+    q, scale = fused.rms_norm_quant(torch.ones(1, 24), ties, 0.0)
+    assert scale.item() == 1.0
+    assert q[0].tolist() == [127, 2, -2, 0, 0, 2, 4, -126] * 3
+
+
+@pytest.mark.parametrize("shape", INT8_SHAPES, ids=str)
+def test_int8_linear_on_quantized_rows_equals_int8_linear(built, shape):
+    m, k, n = shape
+    x, w, w_scale, b = _int8_case(m, k, n, seed=m + k)
+    packed, comp = quant_gemm.pack_int8(w)
+    for isa in int8_isas():
+        for bf16 in (False, True):
+            xin = x.bfloat16() if bf16 else x
+            q, scale = quant_gemm.quantize_rows(xin)
+            y = quant_gemm.int8_linear_quantized(q, scale, packed, comp, w_scale, b, bf16, isa)
+            assert torch.equal(y, quant_gemm.int8_linear(xin, packed, comp, w_scale, b, isa)), f"isa {isa} bf16 {bf16}"

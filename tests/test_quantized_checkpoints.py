@@ -30,7 +30,9 @@ import torch
 from helpers.runner_helpers import batched_logits
 from vlserve.core.errors import CheckpointError
 from vlserve.model.loader import load_model
-from vlserve.model.quantized_linear import INT4_PREFILL_ROWS, Int4Linear, Int8Linear, QuantizedLinear
+from vlserve.model.quantized_linear import (
+    INT4_PREFILL_ROWS, Int4Linear, Int8Linear, QuantizedLinear, QuantizedRows,
+)
 from vlserve.runner.model_runner import ModelRunner
 from vlserve.testing.tiny import TinyModelSpec, make_tiny_model
 
@@ -139,6 +141,32 @@ def test_logits_match_transformers_on_the_compressed_checkpoint(case):
             assert diff <= tol, f"request {i} step {step}: top-5 log-probs differ by {diff:.2e} (tolerance {tol})"
     # tiny random models' logits are nearly flat: the margin excuses many steps, but never most of them
     assert compared >= len(reqs) * (STEPS + 1) // 2, f"only {compared} steps had a clear greedy choice"
+
+
+def test_w8a8_norms_quantize_for_the_projections_after_them(quantized, monkeypatch):
+    """q/k/v and gate/up read the int8 rows their RMSNorm wrote (one quantization, in the norm's pass):
+    the logits are exactly those of every layer quantizing its own float input."""
+    out, reqs, ref = quantized["w8a8-llama"]
+    batch = [(r["ids"], 0 if r["pixel_values"] is None else r["pixel_values"].shape[0]) for r in reqs]
+    inputs = []  # per Int8Linear call: whether its input came quantized
+    forward = Int8Linear.forward
+    monkeypatch.setattr(Int8Linear, "forward", lambda self, x: inputs.append(isinstance(x, QuantizedRows))
+                        or forward(self, x))
+
+    def logits():
+        loaded = load_model(out)
+        runner = ModelRunner.standalone(loaded, max_total_tokens=2048, page_size=4)
+        return batched_logits(runner, loaded.config, batch, [r["pixel_values"] for r in reqs], 3,
+                              lambda step, _: [int(r[step].argmax()) for r in ref["logits"]])
+
+    fused = logits()
+    assert inputs and inputs.count(True) == inputs.count(False)  # qkv, gate_up: rows; o, down: float
+    inputs.clear()
+    monkeypatch.setattr(Int8Linear, "reads_quantized_rows", lambda self: False)
+    apart = logits()
+    assert inputs and not any(inputs)
+    for i, (a, b) in enumerate(zip(fused, apart)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), f"request {i}: logits differ"
 
 
 def _with_quantization_config(src: str, dst: str, qc: dict) -> str:

@@ -1,6 +1,8 @@
 // The decoder layer's elementwise steps, each one pass over memory in one parallel region: RMSNorm
 // (with the residual add before it fused in), SiLU(gate) * up, rotary embedding in place, and the
-// new tokens' K and V stored into the paged pool.
+// new tokens' K and V stored into the paged pool. Before W8A8 projections the norm's output leaves as
+// int8 rows and per-row scales instead (rms_norm_quant): one quantization per shared input, no pass
+// over a float copy.
 // Eager PyTorch runs them as 4-10 separate ops each (a pass and a thread barrier apiece), which
 // measured 5% of a prefill layer on one thread and up to 18% on two threads of a loaded machine.
 //
@@ -76,14 +78,55 @@ constexpr bool kVectorised = std::is_same_v<T, float> || std::is_same_v<T, c10::
 // whole time slice for a descheduled thread (measured: 0.04 ms serial, 8 ms as two tasks).
 inline int64_t grain(int64_t width) { return std::max<int64_t>(1, 131072 / std::max<int64_t>(1, width)); }
 
+// Where a norm's int8 rows go (rms_norm_quant): q [rows, ldq] (ldq = H rounded up to 4, the padding
+// left zero), scale [rows]. The W8A8 GEMMs after the norm (quant_int8_cpu.cpp) read them as they are.
+struct QuantOut {
+  int8_t* q = nullptr;
+  float* scale = nullptr;
+  int64_t ldq = 0;
+};
+
+typedef int8_t vb __attribute__((vector_size(VLSERVE_LANES)));
+
+// One row quantized per token as compressed-tensors does it and quant_int8_cpu.cpp's quantize_rows:
+// scale = max(max|x| / 127.5, fp32 eps), q = round-half-even(x / scale) clamped to [-128, 127]; the
+// same fp32 operations, so the same bytes. Clamping before rounding gives the same integers (the
+// bounds are integers), and adding and taking off 1.5 · 2^23 rounds |v| <= 128 half to even.
+template <typename T>
+float quantize_row(const T* row, int64_t H, int8_t* q) {
+  const int64_t h_vec = kVectorised<T> ? H - H % kLanes : 0;
+  float amax = 0.f;
+  if constexpr (kVectorised<T>) {
+    vf vamax{};
+    for (int64_t i = 0; i < h_vec; i += kLanes) { const vf v = load16(row + i); vamax = vmax(vamax, vmax(v, -v)); }
+    for (int j = 0; j < kLanes; ++j) amax = std::max(amax, vamax[j]);
+  }
+  for (int64_t i = h_vec; i < H; ++i) amax = std::max(amax, std::fabs(f32(row[i])));
+  const float s = std::max(amax / 127.5f, 1.1920928955078125e-07f);
+  if constexpr (kVectorised<T>) {
+    const vf lo = splat(-128.f), hi = splat(127.f), magic = splat(12582912.f);
+    for (int64_t i = 0; i < h_vec; i += kLanes) {
+      vf v = vmax(load16(row + i) / s, lo);
+      v = v > hi ? hi : v;
+      const vb b = __builtin_convertvector(__builtin_convertvector((v + magic) - magic, vi), vb);
+      std::memcpy(q + i, &b, sizeof(b));
+    }
+  }
+  for (int64_t i = h_vec; i < H; ++i)
+    q[i] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, std::nearbyint(f32(row[i]) / s))));
+  return s;
+}
+
 // out[t] = w * round(x[t] / rms(x[t])); and, for add_rms_norm, sum[t] = round(x[t] + a[t]) first.
+// With quant.q set, out[t] is a row of scratch and what leaves is its int8 quantization.
 template <typename T>
 void norm_rows(const T* x, const T* a, const T* w, T* sum, T* out, int64_t rows, int64_t H, int64_t x_stride,
-               float eps) {
+               float eps, const QuantOut& quant = QuantOut()) {
   at::parallel_for(0, rows, grain(H), [&](int64_t begin, int64_t end) {
+    std::vector<T> scratch(quant.q != nullptr ? H : 0);
     for (int64_t t = begin; t < end; ++t) {
       const T* xr = x + t * x_stride;
-      T* orow = out + t * H;
+      T* orow = quant.q != nullptr ? scratch.data() : out + t * H;
       float sq = 0.f;
       const int64_t h_vec = kVectorised<T> ? H - H % kLanes : 0;
       if (a != nullptr) {
@@ -105,6 +148,7 @@ void norm_rows(const T* x, const T* a, const T* w, T* sum, T* out, int64_t rows,
         for (int64_t i = 0; i < h_vec; i += kLanes)
           store16(orow + i, load16(w + i) * round_vec<T>(load16(xr + i) * inv));
       for (int64_t i = h_vec; i < H; ++i) orow[i] = static_cast<T>(f32(w[i]) * round_to<T>(f32(xr[i]) * inv));
+      if (quant.q != nullptr) quant.scale[t] = quantize_row(orow, H, quant.q + t * quant.ldq);
     }
   });
 }
@@ -140,6 +184,43 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
                         static_cast<float>(eps));
   });
   return {sum, out};
+}
+
+// The int8 rows of a norm's output and their per-row scales (the tensors behind QuantOut).
+std::tuple<at::Tensor, at::Tensor, QuantOut> quant_out(const at::Tensor& x) {
+  const int64_t rows = x.size(0), H = x.size(1), ldq = (H + 3) / 4 * 4;
+  at::Tensor q = ldq == H ? at::empty({rows, ldq}, x.options().dtype(at::kChar))
+                          : at::zeros({rows, ldq}, x.options().dtype(at::kChar));
+  at::Tensor scale = at::empty({rows}, x.options().dtype(at::kFloat));
+  return {q, scale, QuantOut{q.data_ptr<int8_t>(), scale.data_ptr<float>(), ldq}};
+}
+
+// rms_norm, its output quantized per row for a W8A8 GEMM: (q [T, H rounded up to 4] int8, scale [T]).
+std::tuple<at::Tensor, at::Tensor> rms_norm_quant(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_norm(x, weight);
+  const at::Tensor w = weight.contiguous();
+  auto [q, scale, quant] = quant_out(x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm_quant", [&] {
+    norm_rows<scalar_t>(x.data_ptr<scalar_t>(), nullptr, w.data_ptr<scalar_t>(), nullptr, nullptr, x.size(0),
+                        x.size(1), x.stride(0), static_cast<float>(eps), quant);
+  });
+  return {q, scale};
+}
+
+// add_rms_norm, the norm's output quantized per row: (x + a, q, scale).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_quant(const at::Tensor& x, const at::Tensor& a,
+                                                                  const at::Tensor& weight, double eps) {
+  check_norm(x, weight);
+  TORCH_CHECK(a.sizes() == x.sizes() && a.scalar_type() == x.scalar_type(), "add_rms_norm_quant: x and a differ");
+  const at::Tensor ac = a.contiguous(), w = weight.contiguous();
+  at::Tensor sum = at::empty(x.sizes(), x.options());
+  auto [q, scale, quant] = quant_out(x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm_quant", [&] {
+    norm_rows<scalar_t>(x.data_ptr<scalar_t>(), ac.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                        sum.data_ptr<scalar_t>(), nullptr, x.size(0), x.size(1), x.stride(0),
+                        static_cast<float>(eps), quant);
+  });
+  return {sum, q, scale};
 }
 
 // out[t, i] = round(round(silu(g)) * u) with g = gate_up[t, i], u = gate_up[t, I + i].
@@ -290,6 +371,8 @@ void store_kv(at::Tensor k_buffer, at::Tensor v_buffer, const at::Tensor& slots_
 TORCH_LIBRARY(vlserve_fused, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor a, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rms_norm_quant(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("add_rms_norm_quant(Tensor x, Tensor a, Tensor weight, float eps) -> (Tensor, Tensor, Tensor)");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
   m.def("store_kv(Tensor(a!) k_buffer, Tensor(b!) v_buffer, Tensor slots, Tensor k, Tensor v) -> ()");
@@ -298,6 +381,8 @@ TORCH_LIBRARY(vlserve_fused, m) {
 TORCH_LIBRARY_IMPL(vlserve_fused, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("rms_norm_quant", &rms_norm_quant);
+  m.impl("add_rms_norm_quant", &add_rms_norm_quant);
   m.impl("silu_mul", &silu_mul);
   m.impl("rotary_", &rotary_);
   m.impl("store_kv", &store_kv);

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import socket
 import subprocess
@@ -51,6 +52,10 @@ class LlamaCppSetup:
     cache_ram_mib: int | None = None  # --cache-ram; None: the server's default (on)
     poll: int | None = None  # --poll, how hard idle threads spin (0: they sleep); None: the server's default (50)
     timeout_s: float = 1800.0
+    # the full-precision checkpoint converted to GGUF (None: the run's own). For a compressed-tensors run
+    # it is the checkpoint llm-compressor quantized, so llama.cpp's Q8_0 / Q4 files and vlserve's W8A8 /
+    # W4A16 layers start from the same weights (its converter does not read compressed tensors).
+    source_model: str | None = None
 
     def binary(self, name: str) -> str:
         path = os.path.join(self.build_dir, "bin", name)
@@ -96,6 +101,12 @@ def _text_gguf(model_dir: str, setup: LlamaCppSetup, dest: str, weight_type: str
         _convert([sys.executable, setup.script("convert_text.py"), os.path.join(setup.build_dir, "src"), model_dir,
                   "--outtype", weight_type, "--outfile", out], setup, out)
     return out
+
+
+def is_compressed(model_dir: str) -> bool:
+    """Whether the checkpoint's config.json has a quantization_config (compressed-tensors)."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return "quantization_config" in json.load(f)
 
 
 def _convert(cmd: list[str], setup: LlamaCppSetup, out: str) -> None:
@@ -250,8 +261,12 @@ def run_llamacpp(model_dir: str, reqs: list[Job], video_frames: int = 8, setup: 
     """`batches` timed batches, each on a freshly started server; the fastest one's figures. Raises
     FileNotFoundError when llama.cpp is not built (callers skip with a message)."""
     setup = setup or LlamaCppSetup()
+    source = setup.source_model or model_dir
+    if is_compressed(source):
+        raise ValueError(f"{source} is a compressed-tensors checkpoint: llama.cpp converts full-precision weights; "
+                         "name the checkpoint it was quantized from (--llamacpp-model)")
     setup.binary("llama-server")
-    text_gguf, mmproj = gguf_files(model_dir, setup)
+    text_gguf, mmproj = gguf_files(source, setup)
     prepared = [prepare(r, video_frames) for r in reqs]
     log_path = os.path.join(os.path.dirname(text_gguf), "llama-server.log")
     walls, runs = [], []
@@ -263,7 +278,8 @@ def run_llamacpp(model_dir: str, reqs: list[Job], video_frames: int = 8, setup: 
     answers = runs[best_batch(walls)]
     ram = "default" if setup.cache_ram_mib is None else setup.cache_ram_mib
     poll = "default" if setup.poll is None else setup.poll
-    note = (f"llama.cpp b11434 llama-server /completion, {setup.weight_type} weights, --parallel {setup.parallel}, "
+    note = (f"llama.cpp b11434 llama-server /completion, {setup.weight_type} weights of "
+            f"{os.path.basename(os.path.normpath(source))}, --parallel {setup.parallel}, "
             f"-t/-tb {setup.threads}, --poll {poll}, -c {setup.ctx_tokens} -kvu, --cache-ram {ram}; "
             "cached = timings.cache_n")
     return PeerRun(f"llamacpp-{setup.weight_type}-p{setup.parallel}", min(walls), [a.prompt_tokens for a in answers],

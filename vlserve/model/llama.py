@@ -15,7 +15,7 @@ from vlserve.kernels.fused import fused_op
 from vlserve.memory.kv_pool import KVPool
 from vlserve.model.attention import AttentionBackend
 from vlserve.model.config import TextConfig
-from vlserve.model.quantized_linear import QuantizedLinear, fuse_quantized
+from vlserve.model.quantized_linear import Int8Linear, QuantizedLinear, QuantizedRows, fuse_quantized
 from vlserve.core.forward_batch import ForwardBatch
 
 
@@ -42,6 +42,21 @@ class RMSNorm(nn.Module):
             return op.add_rms_norm(x, a, self.weight, self.eps)
         x = x + a
         return x, self(x)
+
+    def quantized(self, x: torch.Tensor, a: torch.Tensor | None) -> tuple[torch.Tensor, QuantizedRows] | None:
+        """For a W8A8 projection after the norm: (x + a, or x where a is None; the norm's output as int8
+        rows), the quantization in the norm's pass (the same bytes as quantizing its bf16/fp32 output
+        apart). None where the fused kernels do not run here."""
+        op = self._fused(x)
+        if op is None:
+            return None
+        if a is None:
+            q, scale = op.rms_norm_quant(x, self.weight, self.eps)
+            return x, QuantizedRows(q, scale, x.dtype)
+        if a.shape != x.shape or a.dtype != x.dtype:
+            return None
+        stream, q, scale = op.add_rms_norm_quant(x, a, self.weight, self.eps)
+        return stream, QuantizedRows(q, scale, x.dtype)
 
     def _fused(self, x: torch.Tensor):
         if not self.fused_ops or x.dim() != 2 or x.stride(-1) != 1 or self.weight.dtype != x.dtype:
@@ -173,13 +188,14 @@ class Attention(nn.Module):
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x, cos, sin, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend):
-        t = x.shape[0]
+        """x: [T, hidden], or QuantizedRows for a W8A8 qkv_proj."""
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if hasattr(self, "qkv_proj"):
             qkv = self.qkv_proj(x)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         else:
             qkv, (q, k, v) = None, (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        t = q.shape[0]
         q, k = q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):  # new tensors: the in-place rotary below no longer reaches the qkv rows
             q, k, qkv = self.q_norm(q), self.k_norm(k), None
@@ -249,12 +265,25 @@ class DecoderLayer(nn.Module):
         next addition is left to whoever normalises it next (the next layer's input norm, or the
         final norm), so each add and the norm after it are one fused pass. residual None: x is the
         stream itself (the first layer)."""
+        attn_in = getattr(self.self_attn, "qkv_proj", None)
         if residual is None:
-            residual, h = x, self.input_layernorm(x)
+            residual, h = _norm(self.input_layernorm, x, None, attn_in)
         else:
-            residual, h = self.input_layernorm.add_and_norm(residual, x)
-        residual, h = self.post_attention_layernorm.add_and_norm(residual, self.self_attn(h, cos, sin, batch, kv, attn))
+            residual, h = _norm(self.input_layernorm, residual, x, attn_in)
+        attn_out = self.self_attn(h, cos, sin, batch, kv, attn)
+        residual, h = _norm(self.post_attention_layernorm, residual, attn_out, getattr(self.mlp, "gate_up_proj", None))
         return self.mlp(h), residual
+
+
+def _norm(norm: RMSNorm, x: torch.Tensor, a: torch.Tensor | None, reader: nn.Module | None):
+    """(x + a, norm(x + a)), or (x, norm(x)) where a is None. Where `reader`, the projection the norm's
+    output goes to, is a W8A8 layer on its kernel, the output comes as its int8 rows (QuantizedRows):
+    quantized once, in the norm's pass."""
+    if isinstance(reader, Int8Linear) and reader.reads_quantized_rows():
+        done = norm.quantized(x, a)
+        if done is not None:
+            return done
+    return (x, norm(x)) if a is None else norm.add_and_norm(x, a)
 
 
 class LlamaDecoder(nn.Module):

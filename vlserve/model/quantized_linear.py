@@ -1,7 +1,8 @@
 """Linear layers on compressed-tensors weights (model/compressed_tensors.py reads them).
 
 - Int8Linear (W8A8): each call quantizes its input per row and runs the int8 GEMM
-  (kernels/quant_gemm.py: AVX512-VNNI or AVX2).
+  (kernels/quant_gemm.py: AVX512-VNNI or AVX2); or takes rows the norm before it quantized
+  (QuantizedRows: q/k/v and gate/up, whose inputs are an RMSNorm's output).
 - Int4Linear (W4A16): rows fewer than INT4_PREFILL_ROWS run the kernel that unpacks and
   scales the int4 weight in registers; prefill rows unpack it to the input's dtype once per call and
   run BLAS on it.
@@ -16,6 +17,7 @@ load_state_dict).
 """
 
 import logging
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +36,17 @@ log = logging.getLogger(__name__)
 # 36 for unpacking + BLAS (oneDNN pays for a weight it has not seen), level at 128 rows (64 ms each),
 # and 123 against 87 at 256.
 INT4_PREFILL_ROWS = 128
+
+
+@dataclass
+class QuantizedRows:
+    """A W8A8 layer's input already quantized per row, by the norm before it (llama.py's
+    RMSNorm.quantized): int8 rows [T, K rounded up to 4], fp32 scales [T], and the dtype of the float
+    rows they stand for (the layer's output dtype)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
 
 
 class QuantizedLinear(nn.Module):
@@ -79,6 +92,17 @@ class QuantizedLinear(nn.Module):
 
 class Int8Linear(QuantizedLinear):
     """W8A8-int8: int8 weights per output channel, the input quantized per row at each call."""
+
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+        if not isinstance(x, QuantizedRows):
+            return super().forward(x)
+        packed, comp, scale = self.packed
+        y = quant_gemm.int8_linear_quantized(x.q, x.scale, packed, comp, scale, self.bias, x.dtype == torch.bfloat16)
+        return y.to(x.dtype)
+
+    def reads_quantized_rows(self) -> bool:
+        """Whether forward takes QuantizedRows: the weight packed for the kernel."""
+        return self.packed is not None
 
     def kernel_runs(self) -> bool:
         return quant_gemm.int8_isa() > 0
