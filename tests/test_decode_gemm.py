@@ -1,6 +1,6 @@
 """The decode-rows GEMM (kernels/csrc/decode_gemm_cpu.cpp), fp32 and bf16, against fp32 products of
-the same operands, on every remainder its blocking has (rows past a 6- or 4-row block and a 96-row
-panel, columns past a 16-column block and a 4-block group, K past a 128- or 256-step chunk), and
+the same operands, on every remainder its blocking has (rows past a 6- or 4-row block, a 96-row
+panel and a 512-row block, columns past a 16-column block and a 4-block group, K past a 128- or 256-step chunk), and
 CpuLinear's use of it. Built with -march=native, it runs AVX-512 or AVX2 code: these tests check
 whichever this CPU has; on a CPU with AMX, bf16 rows up to 48 with K a multiple of 32 (the cases
 with 6, 24, 31, 40, 48 and 17 rows) run on its tiles in row groups of 16, the last one partial."""
@@ -51,7 +51,7 @@ def _exact(x, w, bias):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,k", [(1, 16, 2), (5, 17, 30), (6, 64, 64), (7, 65, 258), (24, 1536, 1024),
                                    (31, 100, 2816), (97, 200, 512), (200, 48, 96), (9, 40, 1030),
-                                   (40, 48, 96), (48, 33, 64), (17, 16, 32)])
+                                   (40, 48, 96), (48, 33, 64), (17, 16, 32), (1100, 40, 130)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_matches_the_exact_product(dtype, m, n, k, bias, threads):
     torch.manual_seed(m * 1000 + n + k)
