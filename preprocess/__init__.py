@@ -16,7 +16,8 @@ from .sources import MediaSource, read_source_bytes
 from .video import DEFAULT_NUM_FRAMES, SampledVideo, VideoInfo, load_video, read_video, sample_indices
 
 __all__ = [
-    "AnyresProcessing", "DEFAULT_NUM_FRAMES", "FrameCache", "IMAGE_FORMATS", "IMAGENET_STANDARD_MEAN", "IMAGENET_STANDARD_STD",
+    "AnyresProcessing", "DEFAULT_NUM_FRAMES", "FrameCache", "IMAGE_FORMATS", "IMAGENET_STANDARD_MEAN",
+    "IMAGENET_STANDARD_STD",
     "OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD", "PSEUDO_TOKEN_END", "PooledVideoProcessing",
     "PSEUDO_TOKEN_MIN", "ImageProcessing", "MediaError", "MediaLimits", "MediaOptionError",
     "MediaOptions", "MediaSource", "ProcessedImage",

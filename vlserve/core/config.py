@@ -21,8 +21,8 @@ METRICS_NAMES = ("vlserve", "vllm", "sglang")
 BUILTIN_MODEL_NAME = "vlserve-builtin"
 
 
-def _opt(default, help: str | None = None, choices=None):
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _opt(default, help: str | None = None, choices=None, nargs: str | None = None):
+    return field(default=default, metadata={"help": help, "choices": choices, "nargs": nargs})
 
 
 class CLIArgs:
@@ -39,6 +39,8 @@ class CLIArgs:
                 parser.add_argument(*flags, action="store_true", **kwargs)
                 continue
             kind = int if "int" in str(f.type) else float if "float" in str(f.type) else str
+            if f.metadata.get("nargs"):
+                kwargs["nargs"] = f.metadata["nargs"]
             parser.add_argument(*flags, type=kind, choices=f.metadata.get("choices"), **kwargs)
 
     @classmethod

@@ -132,7 +132,7 @@ class Proxy:
         return Response("Cache flushed.\n", media_type="text/plain")
 
 
-def build_router_app(pool: WorkerPool, keys: RouteKeys | None, api_key: str | None = None) -> FastAPI:
+def build_router_app(pool: WorkerPool, keys: RouteKeys | None, api_key: str | list[str] | None = None) -> FastAPI:
     state: dict = {}
 
     @asynccontextmanager
