@@ -3,6 +3,7 @@ IMAGES fresh images (no two requests share a picture), against vlserve and vLLM-
 
     python benchmarks/many_images.py
     python benchmarks/many_images.py --systems vlserve --clients 32 --images 4
+    python benchmarks/many_images.py --systems "vlserve,vlserve:--mixed-prefill-ratio 0,vllm"
 
 Reported per system: TTFT p50 / p99 (streamed, client side), requests/s and prompt tokens/s over
 the burst (first send to last answer), and failures. Each server is warmed by one burst of other
@@ -50,7 +51,7 @@ async def burst(url: str, model: str, clients: int, images: int, seed: int) -> d
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--systems", default="vlserve,vllm")
+    p.add_argument("--systems", default="vlserve,vllm", help="comma-separated; vlserve:FLAGS adds server flags")
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--images", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
@@ -59,7 +60,9 @@ def main() -> int:
     model = media_model()
     rows = []
     for system in args.systems.split(","):
-        server = (start_vlserve(model, args.threads, "--max-total-tokens", "32768") if system == "vlserve"
+        kind, _, flags = system.partition(":")  # vlserve:FLAGS: vlserve with these flags too
+        server = (start_vlserve(model, args.threads, "--max-total-tokens", "32768", *flags.split())
+                  if kind == "vlserve"
                   else start_vllm(model, args.threads, "--limit-mm-per-prompt", f'{{"image": {args.images}}}'))
         try:
             name = served_name(server)

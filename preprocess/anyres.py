@@ -108,9 +108,16 @@ class AnyresProcessing:
         return replace(self, views=self.views.with_mm_kwargs(**kwargs), multi_image=multi)
 
     def process_frames(self, frames: list[Image.Image]) -> list[ProcessedImage]:
+        return [self.process_frame(f, i == len(frames) - 1) for i, f in enumerate(frames)]
+
+    def process_frame(self, frame: Image.Image, last: bool) -> ProcessedImage:
+        """One frame of a video (processing.ImageProcessing.process_frame): never tiled."""
         if self.pooled_frames:
-            return PooledVideoProcessing(self.views).process_frames(frames)
-        return [self.views.process(f) for f in frames]  # frames are never tiled
+            return PooledVideoProcessing(self.views).process_frame(frame, last)
+        return self.views.process(frame)
+
+    def frame_role(self, last: bool) -> str:
+        return PooledVideoProcessing(self.views).frame_role(last) if self.pooled_frames else "image"
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         """float32 [1 + tiles, 3, H, W]."""
@@ -142,9 +149,12 @@ class PooledVideoProcessing:
     views: ImageProcessing
 
     def process_frames(self, frames: list[Image.Image]) -> list[ProcessedImage]:
-        out = []
-        for i, frame in enumerate(frames):
-            role = "last_frame" if i == len(frames) - 1 else "frame"
-            pixels = self.views(frame)
-            out.append(ProcessedImage(pixels, content_hash(pixels, role=role), role=role))
-        return out
+        return [self.process_frame(f, i == len(frames) - 1) for i, f in enumerate(frames)]
+
+    def frame_role(self, last: bool) -> str:
+        return "last_frame" if last else "frame"
+
+    def process_frame(self, frame: Image.Image, last: bool) -> ProcessedImage:
+        role = self.frame_role(last)
+        pixels = self.views(frame)
+        return ProcessedImage(pixels, content_hash(pixels, role=role), role=role)

@@ -10,7 +10,9 @@ decoded under), and for a video the frame sampling asked for. Bounded by the byt
 it holds. Thread-safe: the engine's media pool calls it from several threads. Each item is processed
 once: threads missing on the same key while it is being processed wait for that result (or its
 error) instead of decoding it again; `on_process(kind)` is called once per item actually processed
-("image" or "video"; the engine counts them in vlserve_media_decodes_total).
+("image" or "video"; the engine counts them in vlserve_media_decodes_total). A video not seen
+whole may still share frames with one seen (a grown clip): those come from `frames`
+(preprocess/frame_cache.py), so only its new frames are decoded, resized and hashed.
 """
 
 import threading
@@ -21,6 +23,7 @@ from typing import Callable
 import xxhash
 from PIL import Image
 
+from .frame_cache import FrameCache
 from .image_loader import decode_image, load_image
 from .limits import MediaLimits
 from .prepare import ProcessedImage, prepare_video, process_image
@@ -31,10 +34,12 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # ~190 images at 336 px (1.35 MB of fp32 
 
 
 class ProcessedImageCache:
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, on_process: Callable[[str], None] | None = None):
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, on_process: Callable[[str], None] | None = None,
+                 frames: FrameCache | None = None):
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes, self.on_process = max_bytes, on_process
+        self.frames = FrameCache() if frames is None else frames  # a new clip's frames an earlier clip had
         self._in_flight: dict[tuple, Future] = {}  # keys being processed now, by the thread that missed first
         # an image's entry is its ProcessedImage; a video's, the tuple of its frames'
         self._entries: OrderedDict[tuple, ProcessedImage | tuple[ProcessedImage, ...]] = OrderedDict()
@@ -60,7 +65,8 @@ class ProcessedImageCache:
         data = read_source_bytes(source, limits, "video_max_bytes", "video")
         key = ("video", xxhash.xxh3_128_digest(data), len(data), processing, limits, num_frames, fps, max_frames)
         return list(self._once(key, "video",
-                               lambda: tuple(prepare_video(data, processing, limits, num_frames, fps, max_frames))))
+                               lambda: tuple(prepare_video(data, processing, limits, num_frames, fps, max_frames,
+                                                                     self.frames))))
 
     def _once(self, key: tuple, kind: str, process: Callable[[], ProcessedImage | tuple[ProcessedImage, ...]]):
         """The entry for key: cached, being processed by another thread (wait for it), or processed here."""

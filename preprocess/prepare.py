@@ -10,11 +10,13 @@ may give (`mm_processor_keys`) and makes the processing with them (`with_mm_kwar
 
 from PIL import Image
 
+from .frame_cache import FrameCache
 from .image_loader import load_image
 from .limits import MediaLimits
 from .processed import ProcessedImage
 from .sources import MediaSource
-from .video import load_video, read_video
+from .video import plan_video
+from .video_reuse import prepare_planned_video
 
 __all__ = ["ProcessedImage", "prepare_image", "prepare_video", "process_image"]
 
@@ -29,7 +31,7 @@ def prepare_image(source: MediaSource, processing, limits: MediaLimits = MediaLi
 
 def prepare_video(source: MediaSource, processing, limits: MediaLimits = MediaLimits(),
                   num_frames: int | None = None, fps: float | None = None,
-                  max_frames: int | None = None) -> list[ProcessedImage]:
-    if hasattr(processing, "process_sampled"):  # it needs where the frames came from (Qwen-VL: fps, timestamps)
-        return processing.process_sampled(read_video(source, limits, num_frames, fps, max_frames))
-    return processing.process_frames(load_video(source, limits, num_frames, fps, max_frames))
+                  max_frames: int | None = None, frame_cache: FrameCache | None = None) -> list[ProcessedImage]:
+    """With a frame cache, only frames no earlier clip decoded from the same packets are decoded
+    (preprocess/video_reuse.py); the result is the same."""
+    return prepare_planned_video(plan_video(source, limits, num_frames, fps, max_frames), processing, frame_cache)

@@ -126,7 +126,16 @@ class ImageProcessing:
 
     def process_frames(self, frames: list[Image.Image]) -> list[ProcessedImage]:
         """A video's sampled frames, each as a picture."""
-        return [self.process(f) for f in frames]
+        return [self.process_frame(f, i == len(frames) - 1) for i, f in enumerate(frames)]
+
+    def process_frame(self, frame: Image.Image, last: bool) -> ProcessedImage:
+        """One frame of a video: a function of its pixels and its role alone (preprocess/frame_cache.py
+        keys a processed frame by these)."""
+        return self.process(frame)
+
+    def frame_role(self, last: bool) -> str:
+        """The role process_frame gives a video's frame (the last one or another)."""
+        return "image"
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         """(height, width) after resizing; with shortest_edge the long side is truncated, as transformers does."""

@@ -11,6 +11,7 @@ stops at the last frame it needs.
 
 import io
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import av
@@ -55,21 +56,46 @@ def read_video(source: MediaSource, limits: MediaLimits = MediaLimits(),
                num_frames: int | None = None, fps: float | None = None,
                max_frames: int | None = None) -> SampledVideo:
     """max_frames caps either sampling (preprocess/media_options.py, VideoSampling)."""
+    plan = plan_video(source, limits, num_frames, fps, max_frames)
+    return SampledVideo(decode_from_start(plan), plan.info)
+
+
+@dataclass(frozen=True)
+class VideoPlan:
+    """A video probed and sampled, within the limits, before a pixel is decoded."""
+    data: bytes
+    container_format: str
+    info: VideoInfo  # frame_indices set: the frames to decode, in order
+
+
+def plan_video(source: MediaSource, limits: MediaLimits = MediaLimits(), num_frames: int | None = None,
+               fps: float | None = None, max_frames: int | None = None) -> VideoPlan:
     num_frames = check_sampling(num_frames, fps, limits, max_frames)
     data = read_source_bytes(source, limits, "video_max_bytes", "video")
     container_format = sniff_container(data)
-    try:
+    with decode_errors(container_format):
         probe = _probe(data, container_format, limits)
-        indices = sample_indices(probe.total_frames, probe.source_fps, num_frames, fps, max_frames)
-        if fps is not None:
-            check_over(f"sampling fps={fps} from a {probe.duration_s:.3f} s video", len(indices), "frames",
-                       limits, "video_max_frames")
-        check_decode_budget(probe, max(indices), limits)
-        with av.open(io.BytesIO(data), format=container_format) as container:
-            frames = _decode_frames(container, container.streams.video[0], indices)
+    indices = sample_indices(probe.total_frames, probe.source_fps, num_frames, fps, max_frames)
+    if fps is not None:
+        check_over(f"sampling fps={fps} from a {probe.duration_s:.3f} s video", len(indices), "frames",
+                   limits, "video_max_frames")
+    check_decode_budget(probe, max(indices), limits)
+    return VideoPlan(data, container_format, replace(probe, frame_indices=tuple(indices)))
+
+
+def decode_from_start(plan: VideoPlan) -> list[Image.Image]:
+    """The sampled frames, decoding the stream from its first frame to the last sampled one."""
+    with decode_errors(plan.container_format), av.open(io.BytesIO(plan.data), format=plan.container_format) as c:
+        return _decode_frames(c, c.streams.video[0], list(plan.info.frame_indices))
+
+
+@contextmanager
+def decode_errors(container_format: str):
+    """FFmpeg's errors as MediaError, naming the container."""
+    try:
+        yield
     except (av.FFmpegError, OSError, EOFError) as e:
         raise MediaError(f"video could not be decoded ({container_format}): {e}") from None
-    return SampledVideo(frames, replace(probe, frame_indices=tuple(indices)))
 
 
 def check_decode_budget(probe: VideoInfo, last_index: int, limits: MediaLimits) -> None:

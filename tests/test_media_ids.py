@@ -11,12 +11,14 @@ from vlserve.core.errors import InvalidRequest
 from vlserve.engine.media_ids import MediaIdStore, MediaRef
 from vlserve.preprocess import MediaLimits, ProcessedImageCache
 from vlserve.preprocess.processing import ImageProcessing
+from vlserve.server.args import ServerArgs
+from vlserve.server.background import BackgroundServer
 
 
-def _chat(http, part: dict, text: str = "What is it?") -> httpx.Response:
+def _chat(http, part: dict, text: str = "What is it?", **kwargs) -> httpx.Response:
     return http.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": [part, {"type": "text", "text": text}]}],
-        "max_tokens": 4, "temperature": 0})
+        "max_tokens": 4, "temperature": 0}, **kwargs)
 
 
 def test_a_uuid_without_data_answers_as_resending_the_bytes(http):
@@ -36,6 +38,25 @@ def test_an_unknown_uuid_is_a_400_naming_it(http):
     assert r.status_code == 400 and "never-sent-7" in r.json()["error"]["message"]
     r = _chat(http, {"type": "image_url"})
     assert r.status_code == 400 and "uuid" in r.json()["error"]["message"]
+
+
+def test_over_http_an_id_is_the_api_keys_own(server):
+    """Two keys (vLLM's --api-key K1 K2): a uuid sent under one is a 400 naming it under the other,
+    and answers under its own."""
+    args = ServerArgs(port=0, api_key=["key-a", "key-b"])
+    with BackgroundServer(server[0], args) as guarded, httpx.Client(base_url=guarded.url, timeout=60) as c:
+        def chat(part: dict, key: str) -> httpx.Response:
+            return _chat(c, part, headers={"Authorization": f"Bearer {key}"})
+
+        sent = chat({"type": "image_url", "image_url": {"url": data_uri(png(seed=64))}, "uuid": "pic-64"}, "key-a")
+        assert sent.status_code == 200, sent.text
+        other = chat({"type": "image_url", "uuid": "pic-64"}, "key-b")
+        assert other.status_code == 400 and "pic-64" in other.json()["error"]["message"], other.text
+        own = chat({"type": "image_url", "uuid": "pic-64"}, "key-a")
+        assert own.status_code == 200, own.text
+        usage = own.json()["usage"]
+        assert usage["prompt_tokens"] == sent.json()["usage"]["prompt_tokens"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
 
 
 def test_ids_are_scoped_and_the_store_is_an_lru_by_bytes():

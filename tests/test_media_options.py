@@ -6,7 +6,7 @@ the model sees, so the token counts and the radix keys."""
 import numpy as np
 import pytest
 
-from helpers.server_helpers import data_uri, png
+from helpers.server_helpers import data_uri, metric_values, png
 from vlserve.bench.workload_defs import lossless_mkv
 from vlserve.preprocess import MediaOptionError, MediaOptions, VideoSampling
 
@@ -90,10 +90,17 @@ def test_fps_sampling_of_a_growing_clip_reuses_the_earlier_frames(server, http):
     frames = {"media_io_kwargs": {"video": {"fps": 2, "max_frames": 16}}}
     _, short = _generate(http, text="<video>\nNow?", video_data=data_uri(lossless_video(3, 8), "video/x-matroska"),
                          **frames)
+    reused_before = _frames_reused(http)
     _, long = _generate(http, text="<video>\nNow?", video_data=data_uri(lossless_video(3, 16), "video/x-matroska"),
                         **frames)
     assert short["meta_info"]["prompt_tokens"] >= 4 * tpi and long["meta_info"]["prompt_tokens"] >= 8 * tpi
     assert long["meta_info"]["cached_tokens"] >= 4 * tpi  # the short clip's 4 frames, the same timestamps
+    # and those 4 frames were not decoded again: the same packets (preprocess/video_packets.py)
+    assert _frames_reused(http) - reused_before == 4
+
+
+def _frames_reused(http) -> float:
+    return sum(metric_values(http.get("/metrics").text, "vlserve_media_frames_reused_total").values())
 
 
 def test_mm_processor_kwargs_change_the_pixels_and_so_the_keys(server, http):

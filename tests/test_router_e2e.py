@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from helpers.router_helpers import app_thread, group_requests
-from helpers.server_helpers import assert_leak_free, metric_values, start_server, tiny_model_dir
+from helpers.server_helpers import assert_leak_free, data_uri, metric_values, png, start_server, tiny_model_dir
 from vlserve.router.keys import RouteKeys
 from vlserve.router.model_files import ModelFiles
 from vlserve.router.args import RouterArgs
@@ -121,3 +121,32 @@ def test_model_files_from_a_worker_and_the_api_key(workers):
         ok = httpx.post(router.url + "/v1/completions", json=body, headers={"Authorization": "Bearer sesame"})
         assert ok.status_code == 200 and ok.json()["choices"][0]["text"] is not None
         assert httpx.get(router.url + "/health").status_code == 200  # open, as on the server
+
+
+def test_a_media_uuid_without_data_is_answered_by_whichever_worker_the_router_picks(workers):
+    urls = [server.url for _, server in workers]
+    image = data_uri(png(seed=71))
+
+    def chat(part: dict) -> dict:
+        return {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "What is it?"}]}],
+                "max_tokens": 4, "temperature": 0}
+
+    pool = WorkerPool(urls, health_interval_s=60)
+    with app_thread(build_router_app(pool, RouteKeys(ModelFiles.read(tiny_model_dir())))) as router:
+        first = httpx.post(router.url + "/v1/chat/completions", timeout=60,
+                           json=chat({"type": "image_url", "image_url": {"url": image}, "uuid": "pic-71"}))
+        assert first.status_code == 200, first.text
+        holder = next(w for w in pool.workers if w.url == first.headers[WORKER_HEADER])
+        pool.fail(holder, "taken out by the test")  # the uuid-only request must go to the worker that never saw it
+        by_id = httpx.post(router.url + "/v1/chat/completions", json=chat({"type": "image_url", "uuid": "pic-71"}),
+                           timeout=60)
+        assert by_id.status_code == 200, by_id.text
+        other = by_id.headers[WORKER_HEADER]
+        assert other != holder.url
+        with_bytes = chat({"type": "image_url", "image_url": {"url": image}})
+        resent = httpx.post(other + "/v1/chat/completions", json=with_bytes, timeout=60).json()
+        assert by_id.json()["choices"][0]["message"] == resent["choices"][0]["message"]
+        assert by_id.json()["usage"]["prompt_tokens"] == resent["usage"]["prompt_tokens"]
+        unknown = httpx.post(router.url + "/v1/chat/completions", json=chat({"type": "video_url", "uuid": "never-72"}))
+        assert unknown.status_code == 400 and "never-72" in unknown.json()["error"]["message"]
+        assert unknown.json()["error"]["param"] == "uuid"

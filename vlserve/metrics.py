@@ -62,6 +62,9 @@ class Metrics:
         self.media_decodes = make(Counter, "vlserve_media_decodes",
                                   "Media items decoded, resized and hashed (each item once, however many "
                                   "requests carry it at a time)", ["kind"])
+        self.media_frames_reused = make(Counter, "vlserve_media_frames_reused",
+                                        "Sampled video frames taken from an earlier clip with the same compressed "
+                                        "packets instead of being decoded, resized and hashed again")
         self.waiting = make(Gauge, "vlserve_num_waiting_requests", "Requests in the waiting queue")
         self.running = make(Gauge, "vlserve_num_running_requests", "Requests admitted and running")
         self.ttft = hist("vlserve_time_to_first_token_seconds", "Time to first token")

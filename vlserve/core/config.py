@@ -8,6 +8,7 @@ is written twice.
 
 import argparse
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -20,8 +21,8 @@ METRICS_NAMES = ("vlserve", "vllm", "sglang")
 BUILTIN_MODEL_NAME = "vlserve-builtin"
 
 
-def _opt(default, help: str | None = None, choices=None):
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _opt(default, help: str | None = None, choices=None, nargs: str | None = None):
+    return field(default=default, metadata={"help": help, "choices": choices, "nargs": nargs})
 
 
 class CLIArgs:
@@ -38,6 +39,8 @@ class CLIArgs:
                 parser.add_argument(*flags, action="store_true", **kwargs)
                 continue
             kind = int if "int" in str(f.type) else float if "float" in str(f.type) else str
+            if f.metadata.get("nargs"):
+                kwargs["nargs"] = f.metadata["nargs"]
             parser.add_argument(*flags, type=kind, choices=f.metadata.get("choices"), **kwargs)
 
     @classmethod
@@ -75,6 +78,10 @@ class EngineArgs(CLIArgs):
                                                           "tower work one step may start; a long video is encoded "
                                                           "over several steps (default: no cap beyond "
                                                           "--chunked-prefill-size)")
+    mixed_prefill_ratio: float = _opt(1.0, "while requests decode, a step's prefill is sized (from measured step "
+                                           "times) to take about this many decode steps, so a long prompt or "
+                                           "video does not stall the streams (0 = off: --chunked-prefill-size "
+                                           "alone bounds it)")
     max_running_requests: int = 128
     max_waiting_requests: int = _opt(1024, "waiting-queue length past which requests get 503")
     context_length: int | None = None
@@ -128,6 +135,8 @@ class EngineArgs(CLIArgs):
             raise ValueError(f"--chunked-prefill-size must be >= 1, got {self.chunked_prefill_size}")
         if self.max_num_encoder_input_tokens is not None and self.max_num_encoder_input_tokens < 1:
             raise ValueError(f"--max-num-encoder-input-tokens must be >= 1, got {self.max_num_encoder_input_tokens}")
+        if not (self.mixed_prefill_ratio >= 0 and math.isfinite(self.mixed_prefill_ratio)):
+            raise ValueError(f"--mixed-prefill-ratio must be >= 0, got {self.mixed_prefill_ratio}")
         if self.video_max_frames < 1:
             raise ValueError(f"--video-max-frames must be >= 1, got {self.video_max_frames}")
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
@@ -160,6 +169,7 @@ class SchedulerConfig:
     disable_radix_cache: bool
     chunked_prefill_size: int
     max_num_encoder_input_tokens: int | None = None  # None: no cap beyond chunked_prefill_size
+    mixed_prefill_ratio: float = 0.0  # 0: a step beside decodes prefills up to chunked_prefill_size
     max_running_requests: int
     new_token_ratio: float
     max_wait_steps: int

@@ -39,7 +39,7 @@ from vlserve.model.builtin import builtin_model_path
 from vlserve.model.hub import resolve_model_path
 from vlserve.engine.memory_budget import MemoryBudget, usable_bytes, weight_bytes
 from vlserve.model.loader import load_model
-from vlserve.preprocess import DEFAULT_NUM_FRAMES, MediaLimits, ProcessedImageCache
+from vlserve.preprocess import DEFAULT_NUM_FRAMES, FrameCache, MediaLimits, ProcessedImageCache
 from vlserve.runner.model_runner import ModelRunner
 from vlserve.scheduler.finish import FinishChecker
 from vlserve.scheduler.scheduler import Scheduler
@@ -121,7 +121,8 @@ class Engine:
                                                     if h.strip())),
             args.video_frames or DEFAULT_NUM_FRAMES, self.context_len, self.memory.allocator.capacity,
             self._constraint_compiler(args),
-            ProcessedImageCache(on_process=lambda kind: self.metrics.media_decodes.labels(kind=kind).inc()),
+            ProcessedImageCache(on_process=lambda kind: self.metrics.media_decodes.labels(kind=kind).inc(),
+                                frames=FrameCache(on_reuse=self.metrics.media_frames_reused.inc)),
             self.context_note)
         self.media_pool = ThreadPoolExecutor(max_workers=media_workers(threads), thread_name_prefix="vlserve-media")
         self.draining = False  # set by drain(): no new request is accepted

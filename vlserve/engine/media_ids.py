@@ -47,19 +47,20 @@ class MediaIdStore:
         if item.data is None:
             if item.uuid is None:
                 raise InvalidRequest(f"an {kind} part needs its data or a uuid sent before", param="uuid")
-            return self._lookup((scope, kind, item.uuid))
+            return self.lookup(scope, kind, item.uuid)
         data = read_source_bytes(item.data, limits, _LIMIT_NAMES[kind], kind)
         if item.uuid is not None:
             self._remember((scope, kind, item.uuid), data)
         return data
 
-    def _lookup(self, key: tuple[str, str, str]) -> bytes:
+    def lookup(self, scope: str, kind: str, uuid: str) -> bytes:
+        """The bytes remembered under uuid in scope; InvalidRequest naming the uuid where there are none."""
+        key = (scope, kind, uuid)
         with self._lock:
             data = self._entries.get(key)
             if data is not None:
                 self._entries.move_to_end(key)
                 return data
-        _, kind, uuid = key
         raise InvalidRequest(f"unknown {kind} uuid {uuid!r}: no {kind} was sent with it (or it was evicted); "
                              "send the data with the uuid", param="uuid")
 

@@ -16,7 +16,8 @@ class RouterArgs:
     chat_template: str | None = _opt(None, "the workers' --chat-template, if they were given one")
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' (it is passed on to the workers)")
+    api_key: str | list[str] | None = _opt(None, "require 'Authorization: Bearer KEY' with one of these keys (the "
+                                                 "first is passed on to the workers)", nargs="+")
     cache_threshold: float = _opt(0.3, "share of a request's key a worker must have cached to be chosen for it")
     balance_abs_threshold: int = _opt(64, "loads are unbalanced when max - min is over this ...")
     balance_rel_threshold: float = _opt(1.5, "... and max is over this times min; then the least loaded is chosen")

@@ -14,6 +14,7 @@ import logging
 
 from vlserve.engine.request_builder import RequestBuilder
 from vlserve.preprocess import DEFAULT_NUM_FRAMES, MediaLimits, ProcessedImageCache
+from vlserve.router.media_refs import with_media_data
 from vlserve.router.model_files import ModelFiles
 from vlserve.server.chat import build_chat_prompt
 from vlserve.server.openai_protocol import ChatCompletionRequest
@@ -32,14 +33,22 @@ class RouteKeys:
                                       limits, video_frames, context_len=0, pool_capacity=0, compiler=None,
                                       image_cache=ProcessedImageCache())
 
-    def key(self, path: str, body: bytes) -> list[int] | None:
-        """The radix key of a request to `path` with this JSON body (a batch: its first prompt)."""
+    def route(self, path: str, body: bytes, scope: str = "") -> tuple[list[int] | None, bytes]:
+        """The request's radix key and the body to send: a chat request's uuid-only media parts given
+        their data (media_refs.py; InvalidRequest naming a uuid unknown in the API key's scope)."""
+        if path == "/v1/chat/completions":
+            body = with_media_data(body, scope, self.builder.media_ids)
+        return self.key(path, body, scope), body
+
+    def key(self, path: str, body: bytes, scope: str = "") -> list[int] | None:
+        """The radix key of a request to `path` with this JSON body (a batch: its first prompt); a
+        chat part's uuid is remembered, and looked up, in `scope` (the API key's, engine/media_ids.py)."""
         if path not in KEYED_PATHS:
             return None
         try:
             data = json.loads(body)
             inputs = self._inputs(path, data) if isinstance(data, dict) else None
-            return self.builder.token_ids(**inputs) if inputs else None
+            return self.builder.token_ids(**inputs, media_scope=scope) if inputs else None
         except Exception as e:  # whatever the request's fault, the worker reports it; routing must not fail
             log.debug("no routing key for a request to %s: %s: %s", path, type(e).__name__, e)
             return None

@@ -24,7 +24,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from vlserve.router.keys import RouteKeys
 from vlserve.router.workers import NoWorker, WorkerPool
 from vlserve.router.worker import Worker
-from vlserve.server.auth import APIKeyMiddleware
+from vlserve.core.errors import InvalidRequest
+from vlserve.server.auth import APIKeyMiddleware, media_scope
 from vlserve.server.errors import error_response
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,10 @@ class Proxy:
         self.key_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vlserve-router-keys")
 
     async def forward(self, request: Request) -> Response:
-        body = await request.body()
-        key = await self._key(request.url.path, body)
+        try:
+            key, body = await self._route(request.url.path, await request.body(), media_scope(request))
+        except InvalidRequest as e:  # a media uuid the router does not know under this API key
+            return error_response(400, str(e), param=e.param)
         tried: list[Worker] = []
         while True:
             try:
@@ -76,11 +79,11 @@ class Proxy:
             headers[WORKER_HEADER] = opened.worker.url
             return StreamingResponse(self._relay(opened), status_code=opened.upstream.status_code, headers=headers)
 
-    async def _key(self, path: str, body: bytes) -> list[int] | None:
+    async def _route(self, path: str, body: bytes, scope: str) -> tuple[list[int] | None, bytes]:
         if self.keys is None:
-            return None
+            return None, body
         # decoding and hashing images is CPU work: off the event loop
-        return await asyncio.get_running_loop().run_in_executor(self.key_pool, self.keys.key, path, body)
+        return await asyncio.get_running_loop().run_in_executor(self.key_pool, self.keys.route, path, body, scope)
 
     async def _open(self, worker: Worker, request: Request, body: bytes, last: bool) -> Opened:
         """Sends the request and waits for the first bytes of the answer (nothing is passed on yet).
@@ -129,7 +132,7 @@ class Proxy:
         return Response("Cache flushed.\n", media_type="text/plain")
 
 
-def build_router_app(pool: WorkerPool, keys: RouteKeys | None, api_key: str | None = None) -> FastAPI:
+def build_router_app(pool: WorkerPool, keys: RouteKeys | None, api_key: str | list[str] | None = None) -> FastAPI:
     state: dict = {}
 
     @asynccontextmanager

@@ -18,6 +18,7 @@ from vlserve.model.hub import resolve_model_path
 from vlserve.preprocess import DEFAULT_NUM_FRAMES, MediaLimits
 from vlserve.router.args import RouterArgs
 from vlserve.router.keys import RouteKeys
+from vlserve.server.auth import api_keys
 from vlserve.router.model_files import ModelFiles
 from vlserve.router.policy import PolicyConfig
 from vlserve.router.proxy import build_router_app
@@ -43,9 +44,10 @@ def make_keys(args: RouterArgs, wait_s: float = 120.0) -> RouteKeys:
                      settings["video_frames"] or DEFAULT_NUM_FRAMES)
 
 
-def ask_workers(urls: list[str], api_key: str | None, wait_s: float) -> dict:
+def ask_workers(urls: list[str], api_key: str | list[str] | None, wait_s: float) -> dict:
     """The model path, chat template and frames per video of the first worker that answers."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    keys = api_keys(api_key)
+    headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
     end = time.monotonic() + wait_s
     while True:
         for url in urls:

@@ -25,6 +25,7 @@ from vlserve.metrics import Metrics
 from vlserve.scheduler.cache_manager import CacheManager
 from vlserve.scheduler.constraints import ConstraintHooks
 from vlserve.scheduler.finish import FinishChecker
+from vlserve.scheduler.mixed_budget import MixedStepBudget
 from vlserve.scheduler.outputs import step_output
 from vlserve.scheduler.policy import SchedulePolicy
 from vlserve.scheduler.prefill import PrefillAdmission
@@ -47,6 +48,8 @@ class Scheduler:
         self.admission = PrefillAdmission(self.cm, self.policy, cfg.new_token_ratio, max_running,
                                           cfg.prefix_share_threshold)
         self.constraints = ConstraintHooks(self.cm, self.context_len, jump_forward=not cfg.disable_jump_forward)
+        self.mixed = MixedStepBudget(cfg.mixed_prefill_ratio, cfg.chunked_prefill_size)
+        self._planned_at: float | None = None  # when the plan in flight was handed out (its step's timing)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -71,7 +74,7 @@ class Scheduler:
         if self.cfg.request_timeout:
             self._expire(self.clock() - self.cfg.request_timeout)
         self.policy.step()
-        plan, budget = [], self.cfg.chunked_prefill_size
+        plan, budget = [], self.mixed.tokens(decoding=any(r.pending_len == 1 for r in self.running))
         vision = VisionBudget(self.cfg.max_num_encoder_input_tokens)
         for req in list(self.running):
             if req not in self.running:  # retracted to make room for an earlier request
@@ -95,6 +98,7 @@ class Scheduler:
             self._decide_sampling(p)
         if not plan:
             self._update_gauges()
+        self._planned_at = self.clock() if plan else None
         return plan
 
     def _decide_sampling(self, p: PlannedExtend) -> None:
@@ -133,6 +137,7 @@ class Scheduler:
     # ---- process ------------------------------------------------------------------------------
     def process(self, result: StepResult) -> None:
         now = self.clock()
+        self._time_step(result.plan, now)
         for p, sampled, error, input_lps in zip(result.plan, result.sampled, result.sample_errors,
                                                 result.input_logprobs):
             req = p.req
@@ -160,6 +165,13 @@ class Scheduler:
             elif sampled is not None:
                 self._on_token(req, sampled, now)
         self._update_gauges()
+
+    def _time_step(self, plan: list[PlannedExtend], now: float) -> None:
+        """The step's cost, for the next steps' prefill budget beside decodes (mixed_budget.py)."""
+        if self._planned_at is not None and now > self._planned_at:
+            decodes = sum(p.num_tokens == 1 for p in plan)
+            self.mixed.observe(now - self._planned_at, decodes, sum(p.num_tokens for p in plan if p.num_tokens > 1))
+        self._planned_at = None
 
     def end_all(self, message: str, status: int) -> None:
         """Ends every queued request with this error (the server is shutting down)."""

@@ -9,7 +9,8 @@ from vlserve.core.config import EngineArgs, _opt
 class ServerArgs(EngineArgs):
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY'")
+    api_key: str | list[str] | None = _opt(None, "require 'Authorization: Bearer KEY' with one of these keys (as "
+                                                 "vLLM's --api-key); each key's media uuids are its own", nargs="+")
     max_request_bytes: int = 64 * 1024 * 1024
     shutdown_timeout: float = _opt(30.0, "on SIGTERM/SIGINT: seconds running requests may finish before they are "
                                          "ended with an error")
