@@ -48,6 +48,11 @@ class CLIArgs:
         return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
 
 
+MIXED_PREFILL_RATIO_HELP = ("while requests decode, a step's prefill is sized (from measured step times) to take about "
+                            "this many decode steps, so a long prompt or video does not stall the streams (0 = off: "
+                            "--chunked-prefill-size alone bounds it; default: 1 for `serve`, 0 offline)")
+
+
 @dataclass
 class EngineArgs(CLIArgs):
     model: str | None = _opt(None, "a local Hugging Face LLaVA directory, or a model id (org/name) fetched through "
@@ -78,10 +83,9 @@ class EngineArgs(CLIArgs):
                                                           "tower work one step may start; a long video is encoded "
                                                           "over several steps (default: no cap beyond "
                                                           "--chunked-prefill-size)")
-    mixed_prefill_ratio: float = _opt(1.0, "while requests decode, a step's prefill is sized (from measured step "
-                                           "times) to take about this many decode steps, so a long prompt or "
-                                           "video does not stall the streams (0 = off: --chunked-prefill-size "
-                                           "alone bounds it)")
+    # 0 (off) for the offline Engine, a throughput job with no one watching its streams; `vlserve serve`
+    # defaults to 1 (ServerArgs), as vLLM sizes its step budget by usage context (offline LLM vs server)
+    mixed_prefill_ratio: float = _opt(0.0, MIXED_PREFILL_RATIO_HELP)
     max_running_requests: int = 128
     max_waiting_requests: int = _opt(1024, "waiting-queue length past which requests get 503")
     context_length: int | None = None

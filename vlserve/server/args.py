@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from vlserve.core.config import EngineArgs, _opt
+from vlserve.core.config import MIXED_PREFILL_RATIO_HELP, EngineArgs, _opt
 
 
 @dataclass
@@ -18,6 +18,9 @@ class ServerArgs(EngineArgs):
     log_level: str = "info"
     dp_size: int = _opt(1, "data parallelism: this many engine processes behind one HTTP front (a cache-aware "
                            "router, vlserve/router/)")
+
+    # a server's streams have readers: while they decode, a step's prefill takes about one decode step
+    mixed_prefill_ratio: float = _opt(1.0, MIXED_PREFILL_RATIO_HELP)
 
     ALIASES = {**EngineArgs.ALIASES, "dp_size": ["--dp", "--data-parallel-size"]}
 
