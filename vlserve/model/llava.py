@@ -28,6 +28,7 @@ class LlavaForServing(nn.Module):
         if cfg.text.tie_word_embeddings:
             self.lm_head.weight = self.language_model.embed_tokens.weight
 
+    @torch.inference_mode()  # no autograd graph: a tower run with it kept every layer's activations
     def encode_images(self, pixel_values: list[torch.Tensor], image_sizes: list, roles: list[str] | None = None
                       ) -> list[torch.Tensor]:
         """Per image its pixels ([3, H, W], or [views, 3, H, W]), original (height, width) and role
