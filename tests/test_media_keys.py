@@ -3,12 +3,12 @@
 import base64
 import io
 
-import av
 import numpy as np
 import pytest
 from PIL import Image
 
 from vlserve import Engine
+from vlserve.bench.workload_defs import lossless_mkv
 from vlserve.testing.tiny import make_tiny_model
 
 
@@ -27,17 +27,7 @@ def _frames(seed: int, n: int) -> list[np.ndarray]:
 
 
 def _video(frames: list[np.ndarray]) -> bytes:
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="matroska") as out:
-        stream = out.add_stream("ffv1", rate=4)  # lossless: equal input frames decode to equal pixels
-        stream.width = stream.height = 32
-        stream.pix_fmt = "bgr0"
-        for f in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return buf.getvalue()
+    return lossless_mkv(frames, fps=4)  # lossless: equal input frames decode to equal pixels
 
 
 def test_videos_sharing_their_first_frames_share_those_frames_kv(engine):

@@ -6,7 +6,7 @@ from test_scheduler_lifecycle import scheduler, submit
 
 from vlserve.core.forward_batch import ForwardMode
 from vlserve.core.step import SampledToken, StepResult
-from vlserve.scheduler.mixed_budget import MIN_TOKENS, PROBE_TOKENS, MixedStepBudget
+from vlserve.scheduler.mixed_budget import MIN_TIMED_TOKENS, MIN_TOKENS, PROBE_TOKENS, SMOOTHING, MixedStepBudget
 
 
 class StepClock:
@@ -52,3 +52,28 @@ def test_alone_a_prompt_gets_the_whole_chunk_and_ratio_zero_turns_it_off():
     assert budget.decode_step_s > 0.05 and budget.tokens(decoding=True) > 50
     assert MixedStepBudget(0.0, 2048, 0.05, 0.001).tokens(decoding=True) == 2048
     assert MixedStepBudget(1.0, 2048, 0.001, 10.0).tokens(decoding=True) == MIN_TOKENS  # always some progress
+
+
+def test_observe_keeps_moving_averages_of_a_decode_step_and_a_prefill_token():
+    budget = MixedStepBudget(ratio=1.0, ceiling=2048)
+    budget.observe(0.08, decodes=2, prefill_tokens=0)  # the first sample is the average
+    assert budget.decode_step_s == 0.08
+    budget.observe(0.16, decodes=2, prefill_tokens=0)
+    assert budget.decode_step_s == 0.08 + SMOOTHING * (0.16 - 0.08)
+    decode_s = budget.decode_step_s
+    # a mixed step: its decodes' share is taken off before the prefill tokens are charged
+    budget.observe(decode_s + 0.064, decodes=2, prefill_tokens=MIN_TIMED_TOKENS)
+    assert abs(budget.prefill_token_s - 0.064 / MIN_TIMED_TOKENS) < 1e-12
+    # a prefill alone is charged whole; the average moves by SMOOTHING towards it
+    budget.observe(0.032, decodes=0, prefill_tokens=MIN_TIMED_TOKENS)
+    expected = 0.004 + SMOOTHING * (0.032 / MIN_TIMED_TOKENS - 0.004)
+    assert abs(budget.prefill_token_s - expected) < 1e-12
+    budget.observe(10.0, decodes=0, prefill_tokens=MIN_TIMED_TOKENS - 1)  # too few tokens to time
+    assert abs(budget.prefill_token_s - expected) < 1e-12
+    assert budget.decode_step_s == decode_s  # prefill steps leave the decode cost alone
+
+
+def test_without_a_measured_decode_step_a_mixed_step_charges_its_prefill_whole():
+    budget = MixedStepBudget(ratio=1.0, ceiling=2048)
+    budget.observe(0.032, decodes=3, prefill_tokens=2 * MIN_TIMED_TOKENS)
+    assert abs(budget.prefill_token_s - 0.032 / (2 * MIN_TIMED_TOKENS)) < 1e-12
