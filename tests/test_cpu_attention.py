@@ -70,7 +70,8 @@ EXTEND_CASES = [
 
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4)], ids=["gqa4", "mha"])
-@pytest.mark.parametrize("head_dim", [64, 128, 24])
+# 72 and 24: the long-block tiles' partial last vector (under a lane mask)
+@pytest.mark.parametrize("head_dim", [64, 128, 72, 24])
 @pytest.mark.parametrize("case", range(len(EXTEND_CASES)))
 def test_extend_matches_reference(page_size, heads, head_dim, case, threads):
     seq_lens, extend_lens = EXTEND_CASES[case]
@@ -84,7 +85,7 @@ def test_extend_matches_reference(page_size, heads, head_dim, case, threads):
 # 512-key block edge, and (bf16) the dot-product path; a cached prefix is seen whole as well.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa4"])
-@pytest.mark.parametrize("head_dim", [64, 24])
+@pytest.mark.parametrize("head_dim", [64, 72, 24])
 def test_non_causal_extend_matches_reference(dtype, heads, head_dim, threads):
     seq_lens, extend_lens = [257, 257, 6, 600, 90], [257, 257, 6, 600, 40]
     batch = random_paged_batch(seq_lens, extend_lens, *heads, head_dim, dtype, page_size=1, seed=head_dim)
@@ -95,6 +96,37 @@ def test_non_causal_extend_matches_reference(dtype, heads, head_dim, threads):
         assert l2_err(out, ref) < 4e-3
     # and it is not the causal result: the first token of a request sees more than itself
     assert rel_err(batch.extend(extend_attention_ref), ref) > 0.1
+
+
+# A vision tower's own sizes (vision_attention.py: each picture or frame one request, all its tokens
+# new, causal=False): SigLIP-so400m's 729 tokens x 16 heads of 72, one picture and a clip of 4
+# frames; CLIP-L/14-336's 577 tokens x 16 heads of 64. The pool's slots past the requests' hold NaN,
+# so a partial vector read whole past the last row's end would show.
+TOWER_SIZES = [([729], 72), ([729] * 4, 72), ([577, 577], 64)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", range(len(TOWER_SIZES)), ids=["siglip-picture", "siglip-frames", "clip-pictures"])
+def test_tower_sizes_match_reference(dtype, case, threads):
+    lens, head_dim = TOWER_SIZES[case]
+    torch.manual_seed(case)
+    tokens = sum(lens)
+    q, k, v = (torch.randn(tokens, 16, head_dim).to(dtype) for _ in range(3))
+    k_pool, v_pool = (torch.full((tokens + 8, 16, head_dim), float("nan"), dtype=dtype) for _ in range(2))
+    k_pool[:tokens], v_pool[:tokens] = k, v
+    starts = torch.tensor([0] + lens[:-1]).cumsum(0)
+    table = torch.stack([torch.arange(lens[0], dtype=torch.int32) + int(s) for s in starts])
+    rows, seq_lens = torch.arange(len(lens)), torch.tensor(lens)
+    out, ref = torch.empty_like(q), torch.empty_like(q)
+    args = (table, rows, seq_lens, seq_lens, starts, head_dim ** -0.5)
+    extend_attention_cpu(q, k_pool, v_pool, out, *args, causal=False)
+    extend_attention_ref(q, k_pool, v_pool, ref, *args, causal=False)
+    assert torch.isfinite(out).all()
+    # fp32: rows of 577-729 keys; the two sides' sums of that many products differ by up to ~2.3e-6
+    # of the output's max (the reference is itself ~1.1e-6 from an fp64 result, measured)
+    assert rel_err(out, ref) < (4e-6 if dtype == torch.float32 else TOLERANCE[dtype])
+    if dtype == torch.bfloat16:
+        assert l2_err(out, ref) < 4e-3
 
 
 # Decode batches whose requests share leading slots, as the radix cache hands them out: a group of
@@ -218,7 +250,8 @@ def test_amx_path_is_built_where_the_cpu_has_it():
     assert has_amx() == ({"amx_bf16", "amx_tile"} <= cpu_flags() and cpu_has_avx512_bf16())
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 48, 24])  # 24: not whole vectors, the fp32 BLAS path
+# 72, 24: a partial last vector; 20 (not a multiple of 8): the fp32 BLAS path
+@pytest.mark.parametrize("head_dim", [64, 128, 48, 72, 24, 20])
 def test_bf16_dot_long_extend_matches_reference(head_dim, threads):
     # EXTEND_CASES[3]: several 512-key blocks, the causal edge inside them, a 3-token request beside.
     # The bf16 path rounds the probabilities to bf16 for P V: the output moves by about one bf16

@@ -40,6 +40,8 @@ CONFIGS = {
                              image_size=112, patch_size=8),  # 197 tokens an image (CLS + 14 x 14)
     "siglip": SiglipVisionConfig(hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=2,
                                  image_size=64, patch_size=8),  # head dim 48: 3 vectors
+    "siglip72": SiglipVisionConfig(hidden_size=144, intermediate_size=192, num_hidden_layers=2, num_attention_heads=2,
+                                   image_size=64, patch_size=8),  # head dim 72 (so400m's): a partial vector
 }
 
 

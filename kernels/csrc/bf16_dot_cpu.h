@@ -41,17 +41,24 @@ constexpr int kKeyAlign = 32;  // keys per scores tile (two vectors); blocks are
 constexpr int kRowAlign = 8;   // query rows per scores tile; row counts are padded to this
 constexpr int64_t kMaxHeadDim = 512;
 
-// Head dims this path takes: whole vectors of 16, and a key row that fits pack_keys' buffer.
-inline bool supports(int64_t head_dim) { return head_dim % 16 == 0 && head_dim <= kMaxHeadDim; }
+// Head dims this path takes: multiples of 8 (64, 72 as SigLIP's, 80, 128, ...), and a key row that
+// fits pack_keys' buffer. One not a multiple of 16 ends in a partial vector, under a lane mask.
+inline bool supports(int64_t head_dim) { return head_dim % 8 == 0 && head_dim <= kMaxHeadDim; }
 
-// A row of D fp32 values (D a multiple of 16), pre-scaled by `scale`, back to bf16 pairs:
-// dst[j] = (x[2j], x[2j+1]). The values were bf16 times `scale`, so dividing and rounding to bf16
-// gives those bf16 values back exactly.
+// Row stride (in words) of the packed values: the head dim rounded up to whole vectors, the padding
+// zero, so the second product loads whole vectors and only its output rows need the mask.
+inline int64_t value_stride(int64_t D) { return (D + 15) / 16 * 16; }
+
+// A row of D fp32 values (D even), pre-scaled by `scale`, back to bf16 pairs:
+// dst[j] = (x[2j], x[2j+1]) for j < D / 2. The values were bf16 times `scale`, so dividing and
+// rounding to bf16 gives those bf16 values back exactly.
 inline void pack_row_pairs(const float* x, int64_t D, float scale, uint32_t* dst) {
   const __m512 inv = _mm512_set1_ps(1.0f / scale);
   for (int64_t d = 0; d < D; d += 16) {
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(x + d), inv));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d / 2), (__m256i)h);
+    const __m512 row = _mm512_maskz_loadu_ps(vlserve_vec::tail_mask(D - d), x + d);
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(row, inv));
+    const __mmask8 words = static_cast<__mmask8>(vlserve_vec::tail_mask((D - d) / 2));
+    _mm256_mask_storeu_epi32(dst + d / 2, words, (__m256i)h);
   }
 }
 
@@ -72,7 +79,7 @@ inline void pack_keys(const c10::BFloat16* k_buffer, const int32_t* slots, int64
       vlserve_vec::transpose16x16(r);  // 32-bit words: each a pair, moved as one float
       for (int c = 0; c < 16; ++c) _mm512_storeu_ps(kp + (p0 + c) * n_pad + j, r[c]);
     }
-    for (int64_t p = pairs / 16 * 16; p < pairs; ++p) {  // D % 32 == 16: the last 8 pairs one by one
+    for (int64_t p = pairs / 16 * 16; p < pairs; ++p) {  // D % 32 != 0: the last pairs one by one
       for (int i = 0; i < 16; ++i) {
         std::memcpy(kp_words + p * n_pad + j + i,
                     k_buffer + static_cast<int64_t>(slots[j0 + j + i]) * slot_stride + head_offset + 2 * p, 4);
@@ -87,8 +94,8 @@ inline void pack_keys(const c10::BFloat16* k_buffer, const int32_t* slots, int64
   for (int64_t p = 0; p < pairs; ++p) std::memset(kp_words + p * n_pad + n, 0, (n_pad - n) * sizeof(uint32_t));
 }
 
-// Values j0..j0+n-1 of one kv head as key pairs: vp[t][d] = (V[2t][d], V[2t+1][d]); a missing
-// partner (odd n) and pairs up to n_pad / 2 are zero.
+// Values j0..j0+n-1 of one kv head as key pairs: vp[t][d] = (V[2t][d], V[2t+1][d]), rows of
+// value_stride(D) words; a missing partner (odd n), pairs up to n_pad / 2 and dims past D are zero.
 inline void pack_values(const c10::BFloat16* v_buffer, const int32_t* slots, int64_t j0, int64_t n, int64_t n_pad,
                         int64_t slot_stride, int64_t head_offset, int64_t D, uint32_t* vp) {
   for (int64_t t = 0; 2 * t < n_pad; ++t) {
@@ -96,10 +103,10 @@ inline void pack_values(const c10::BFloat16* v_buffer, const int32_t* slots, int
       vlserve_vec::prefetch_rows(v_buffer, slots, std::min(j0 + 2 * t + 16, j0 + n), std::min(j0 + 2 * t + 32, j0 + n),
                                  slot_stride, head_offset, D);
     }
-    uint32_t* dst = vp + t * D;
+    uint32_t* dst = vp + t * value_stride(D);
     const int64_t a = 2 * t, b = 2 * t + 1;
     if (a >= n) {
-      std::memset(dst, 0, D * sizeof(uint32_t));
+      std::memset(dst, 0, value_stride(D) * sizeof(uint32_t));
       continue;
     }
     const uint16_t* lo = reinterpret_cast<const uint16_t*>(v_buffer + static_cast<int64_t>(slots[j0 + a]) * slot_stride +
@@ -107,10 +114,10 @@ inline void pack_values(const c10::BFloat16* v_buffer, const int32_t* slots, int
     const uint16_t* hi = b < n ? reinterpret_cast<const uint16_t*>(
                                      v_buffer + static_cast<int64_t>(slots[j0 + b]) * slot_stride + head_offset)
                                : nullptr;
-    for (int64_t d = 0; d < D; d += 16) {  // D is a multiple of 16 here
-      const __m512i l = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + d)));
-      const __m512i h = hi ? _mm512_slli_epi32(
-                                 _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + d))), 16)
+    for (int64_t d = 0; d < D; d += 16) {  // a partial last vector: dims past D read as 0
+      const __mmask16 dims = vlserve_vec::tail_mask(D - d);
+      const __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(dims, lo + d));
+      const __m512i h = hi ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(dims, hi + d)), 16)
                            : _mm512_setzero_si512();
       _mm512_storeu_si512(dst + d, _mm512_or_si512(l, h));
     }
@@ -145,17 +152,21 @@ inline void scores(const uint32_t* qp, int64_t rows_pad, const uint32_t* kp, int
   }
 }
 
-// out[r][d0 .. d0 + 16 NV) += sum over key pairs t of pp[r][t] . vp[t][d], for R rows from r0.
+// out[r][d0 .. d0 + 16 NV) += sum over key pairs t of pp[r][t] . vp[t][d], for R rows from r0; the
+// last vector's lanes outside `last` are neither read nor written in out (a partial vector).
 template <int R, int NV>
 inline void accumulate_tile(const uint32_t* pp, const uint32_t* vp, int64_t half, int64_t D, int64_t r0, int64_t d0,
-                            float* out) {
+                            __mmask16 last, float* out) {
+  const int64_t v_stride = value_stride(D);
   __m512 acc[R][NV];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(out + (r0 + r) * D + d0 + 16 * c);
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c + 1 < NV; ++c) acc[r][c] = _mm512_loadu_ps(out + (r0 + r) * D + d0 + 16 * c);
+    acc[r][NV - 1] = _mm512_maskz_loadu_ps(last, out + (r0 + r) * D + d0 + 16 * (NV - 1));
+  }
   for (int64_t t = 0; t < half; ++t) {
     __m512bh v[NV];
     for (int c = 0; c < NV; ++c) {
-      __m512i w = _mm512_loadu_si512(vp + t * D + d0 + 16 * c);
+      __m512i w = _mm512_loadu_si512(vp + t * v_stride + d0 + 16 * c);
       __asm__("" : "+v"(w));  // one load per vector, not one per row (see f32_tiles_cpu.h)
       v[c] = (__m512bh)w;
     }
@@ -164,23 +175,34 @@ inline void accumulate_tile(const uint32_t* pp, const uint32_t* vp, int64_t half
       for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], p, v[c]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + (r0 + r) * D + d0 + 16 * c, acc[r][c]);
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c + 1 < NV; ++c) _mm512_storeu_ps(out + (r0 + r) * D + d0 + 16 * c, acc[r][c]);
+    _mm512_mask_storeu_ps(out + (r0 + r) * D + d0 + 16 * (NV - 1), last, acc[r][NV - 1]);
+  }
 }
+
+// Output vectors in one pass over the key pairs: up to 5 (4 rows x 5 accumulators fill 20 of the
+// 32 registers), so a head dim of 72 or 80 is one pass, not 4 vectors and then a pass for the rest.
+constexpr int kMaxPassVectors = 5;
 
 template <int R>
 inline void accumulate_rows(const uint32_t* pp, const uint32_t* vp, int64_t half, int64_t D, int64_t r0, float* out) {
   int64_t d0 = 0;
-  for (; d0 + 64 <= D; d0 += 64) accumulate_tile<R, 4>(pp, vp, half, D, r0, d0, out);
-  switch ((D - d0) / 16) {
-    case 3: accumulate_tile<R, 3>(pp, vp, half, D, r0, d0, out); break;
-    case 2: accumulate_tile<R, 2>(pp, vp, half, D, r0, d0, out); break;
-    case 1: accumulate_tile<R, 1>(pp, vp, half, D, r0, d0, out); break;
+  for (; (D - d0 + 15) / 16 > kMaxPassVectors; d0 += 64) {
+    accumulate_tile<R, 4>(pp, vp, half, D, r0, d0, __mmask16(0xFFFF), out);
+  }
+  const __mmask16 last = vlserve_vec::tail_mask(D - d0 - (D - d0 - 1) / 16 * 16);
+  switch ((D - d0 + 15) / 16) {
+    case 5: accumulate_tile<R, 5>(pp, vp, half, D, r0, d0, last, out); break;
+    case 4: accumulate_tile<R, 4>(pp, vp, half, D, r0, d0, last, out); break;
+    case 3: accumulate_tile<R, 3>(pp, vp, half, D, r0, d0, last, out); break;
+    case 2: accumulate_tile<R, 2>(pp, vp, half, D, r0, d0, last, out); break;
+    case 1: accumulate_tile<R, 1>(pp, vp, half, D, r0, d0, last, out); break;
     default: break;
   }
 }
 
-// out[r] += P[r] V for rows 0..rows-1 (D a multiple of 16); pp [rows][n_pad / 2], vp [n_pad / 2][D].
+// out[r] += P[r] V for rows 0..rows-1 (D even); pp [rows][n_pad / 2], vp [n_pad / 2][value_stride(D)].
 inline void accumulate(const uint32_t* pp, const uint32_t* vp, int64_t rows, int64_t n_pad, int64_t D, float* out) {
   const int64_t half = n_pad / 2;
   int64_t r0 = 0;

@@ -72,6 +72,11 @@ constexpr int kTransposeRows = 16;     // from this many rows per item, transpos
 // scores and values as two GEMMs with an online softmax between them (FlashAttention-2's order).
 // Below kGemmMinRows rows per kv head the register-blocked path above is faster.
 constexpr int kGemmQueryBlock = 128;
+// ... and at least kGemmItemRows rows per kv head (new tokens x GQA group): each item packs its key
+// and value blocks once for all its rows, so with MHA (a vision tower: 16 heads, 729 tokens) 128-row
+// items packed every key six times over, 10% of the fp32 kernel's time. A request's long-block
+// items split its new tokens evenly (729 = 3 x 243, not 256 + 256 + 217).
+constexpr int kGemmItemRows = 256;
 constexpr int kGemmKeyBlock = 512;
 constexpr int kGemmMinRows = 32;
 // A group shares at least this many leading slots (fewer saves less than the pass costs) and has at
@@ -579,7 +584,75 @@ void walk_tiles(const Scratch& sc, int64_t rows, int64_t key_begin, int64_t num_
   }
 }
 
+#if defined(__AVX512F__)
+// e^x for x <= 0, 16 lanes: exp_nonpositive's reduction (x = n ln2 + r, |r| <= ln2/2) and degree-6
+// polynomial, with 2^n applied by vscalefps, which also takes a very negative n to 0: no clamp and
+// no exponent bits to build.
+inline __m512 exp_nonpositive16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// One online-softmax step of the tile paths for a row of scores s[0..n_pad) (n_pad a multiple of
+// 32) of which the first `visible` (>= 1) count, each times s_scale: the row's max and sum move on
+// (natural-log units, as every pass keeps them: a decode row resumes the shared pass's state), its
+// output row is rescaled to the new max, and emit(j, a, b) takes the probabilities of keys j .. j + 15
+// (a) and j + 16 .. j + 31 (b), zero past `visible`, in one pass after the max.
+template <typename Emit>
+inline void softmax_row_step(const float* s, float s_scale, int64_t n_pad, int64_t visible, float& row_max,
+                             float& row_sum, float* out, int64_t D, const Emit& emit) {
+  const auto lanes = [&](int64_t j) { return tail_mask(visible - j); };  // which of keys j .. j + 15 the row sees
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 m0 = ninf, m1 = ninf;
+  int64_t j = 0;
+  for (; j + 32 <= visible; j += 32) {
+    m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
+    m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
+  }
+  for (; j < visible; j += 16) m0 = _mm512_max_ps(m0, _mm512_mask_loadu_ps(ninf, lanes(j), s + j));
+  const float new_max = std::max(row_max, s_scale * _mm512_reduce_max_ps(_mm512_max_ps(m0, m1)));
+  const float rescale = exp_nonpositive(row_max - new_max);  // row_max = -inf on the first block: 0
+  const __m512 scale = _mm512_set1_ps(s_scale), max = _mm512_set1_ps(new_max);
+  const auto p = [&](int64_t at) { return exp_nonpositive16(_mm512_fmsub_ps(_mm512_loadu_ps(s + at), scale, max)); };
+  __m512 sum = _mm512_setzero_ps();
+  for (j = 0; j < n_pad; j += 32) {
+    const __m512 a = _mm512_maskz_mov_ps(lanes(j), p(j)), b = _mm512_maskz_mov_ps(lanes(j + 16), p(j + 16));
+    sum = _mm512_add_ps(sum, _mm512_add_ps(a, b));
+    emit(j, a, b);
+  }
+  row_sum = row_sum * rescale + _mm512_reduce_add_ps(sum);
+  row_max = new_max;
+  if (rescale != 1.0f) {
+    for (int64_t d = 0; d < D; ++d) out[d] *= rescale;
+  }
+}
+#endif
+
 #if defined(VLSERVE_F32_TILES)
+// softmax_row_step for run_item_f32: the probabilities replace the scores in place (zero past
+// `visible` up to n_pad).
+inline void softmax_block_row_f32(float* s, int64_t n_pad, int64_t visible, float& row_max, float& row_sum, float* out,
+                                  int64_t D) {
+  if (visible <= 0) {
+    std::fill(s, s + n_pad, 0.0f);
+    return;
+  }
+  softmax_row_step(s, 1.0f, n_pad, visible, row_max, row_sum, out, D, [&](int64_t j, __m512 a, __m512 b) {
+    _mm512_storeu_ps(s + j, a);
+    _mm512_storeu_ps(s + j + 16, b);
+  });
+}
+
 // A long extend block of one kv head in fp32 register tiles (f32_tiles_cpu.h): key block by key
 // block, and within a block row tile by row tile, with the online softmax between the products.
 template <typename T>
@@ -591,7 +664,7 @@ void run_item_f32(const Item& it, const Problem& pb, const T* k_buffer, const T*
   if (static_cast<int64_t>(sc.q.size()) < rows_pad * D) sc.q.resize(rows_pad * D);
   std::fill(sc.q.begin() + rows * D, sc.q.begin() + rows_pad * D, 0.0f);  // padding rows score 0, never read back
   sc.gemm_k.resize(D * kGemmKeyBlock);
-  sc.gemm_v.resize(kGemmKeyBlock * D);
+  sc.gemm_v.resize(kGemmKeyBlock * ft::value_stride(D));
   sc.gemm_s.resize(kTileRows * kGemmKeyBlock);
   const auto pack = [&](int64_t j0, int64_t n, int64_t n_pad) {
     ft::pack_keys(k_buffer, slots, j0, n, n_pad, pb.slot_stride, head_offset, D, sc.gemm_k.data());
@@ -601,8 +674,8 @@ void run_item_f32(const Item& it, const Problem& pb, const T* k_buffer, const T*
                         int64_t nt_pad) {
     ft::scores(sc.q.data() + r0 * D, count_pad, sc.gemm_k.data(), n_pad, nt_pad, D, sc.gemm_s.data());
     for (int64_t r = 0; r < count; ++r) {
-      softmax_block_row(sc.gemm_s.data() + r * nt_pad, nt, std::min<int64_t>(nt, sc.visible[r0 + r] - j0),
-                        sc.row_max[r0 + r], sc.row_sum[r0 + r], sc.out.data() + (r0 + r) * D, D);
+      softmax_block_row_f32(sc.gemm_s.data() + r * nt_pad, nt_pad, std::min<int64_t>(nt, sc.visible[r0 + r] - j0),
+                            sc.row_max[r0 + r], sc.row_sum[r0 + r], sc.out.data() + (r0 + r) * D, D);
     }
     ft::accumulate(sc.gemm_s.data(), nt_pad, sc.gemm_v.data(), count, nt, D, sc.out.data() + r0 * D);
   };
@@ -611,61 +684,17 @@ void run_item_f32(const Item& it, const Problem& pb, const T* k_buffer, const T*
 #endif
 
 #if defined(VLSERVE_BF16_DOT)
-// 2^x for x <= 0, 16 lanes: x = n + r with |r| <= 1/2, 2^r by a degree-5 Taylor polynomial
-// (relative error < 3e-6, far below the bf16 rounding the probabilities get next), and 2^n applied
-// by vscalefps, which also takes a very negative n to 0 without a clamp.
-inline __m512 exp2_nonpositive(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.3333558e-3f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6181291e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504109e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022651e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314718e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
-// softmax_block_row for run_item_bf16, in one pass over the scores after the max: the
-// probabilities go straight out as the bf16 key pairs the second product reads (pp[0 .. n_pad / 2),
-// zero past `visible`), never stored as fp32. The max and sum stay in natural-log units, as every
-// other pass keeps them (a decode row resumes the shared pass's state). The scores are scaled by
-// s_scale here (the AMX products leave them unscaled; the vdpbf16ps ones pass 1).
+// softmax_row_step for run_item_bf16: the probabilities go straight out as the bf16 key pairs the
+// second product reads (pp[0 .. n_pad / 2), zero past `visible`), never stored as fp32.
 inline void softmax_block_row_pairs(const float* s, float s_scale, int64_t n_pad, int64_t visible, float& row_max,
                                     float& row_sum, float* out, int64_t D, uint32_t* pp) {
   if (visible <= 0) {
     std::memset(pp, 0, n_pad / 2 * sizeof(uint32_t));
     return;
   }
-  const auto lanes = [&](int64_t j) -> __mmask16 {  // which of keys j .. j + 15 the row sees
-    const int64_t left = visible - j;
-    return left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
-  };
-  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512 m0 = ninf, m1 = ninf;
-  int64_t j = 0;
-  for (; j + 32 <= visible; j += 32) {
-    m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
-    m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
-  }
-  for (; j < visible; j += 16) m0 = _mm512_max_ps(m0, _mm512_mask_loadu_ps(ninf, lanes(j), s + j));
-  const float new_max = std::max(row_max, s_scale * _mm512_reduce_max_ps(_mm512_max_ps(m0, m1)));
-  const float rescale = exp_nonpositive(row_max - new_max);  // row_max = -inf on the first block: 0
-  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f * s_scale);
-  const __m512 shift = _mm512_set1_ps(new_max * 1.44269504088896341f);
-  __m512 sum = _mm512_setzero_ps();
-  for (j = 0; j < n_pad; j += 32) {
-    const __m512 a = _mm512_maskz_mov_ps(lanes(j), exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), log2e, shift)));
-    const __m512 b = _mm512_maskz_mov_ps(lanes(j + 16),
-                                         exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(s + j + 16), log2e, shift)));
-    sum = _mm512_add_ps(sum, _mm512_add_ps(a, b));
+  softmax_row_step(s, s_scale, n_pad, visible, row_max, row_sum, out, D, [&](int64_t j, __m512 a, __m512 b) {
     _mm512_storeu_si512(pp + j / 2, (__m512i)_mm512_cvtne2ps_pbh(b, a));
-  }
-  row_sum = row_sum * rescale + _mm512_reduce_add_ps(sum);
-  row_max = new_max;
-  if (rescale != 1.0f) {
-    for (int64_t d = 0; d < D; ++d) out[d] *= rescale;
-  }
+  });
 }
 
 // run_item_gemm for a bf16 pool: both products in bf16 dot products (bf16_dot_cpu.h), key block by
@@ -688,7 +717,7 @@ void run_item_bf16(const Item& it, const Problem& pb, const c10::BFloat16* k_buf
   for (int64_t r = 0; r < rows; ++r) bd::pack_row_pairs(sc.q.data() + r * D, D, pb.sm_scale, sc.pair_q.data() + r * pairs);
   if (static_cast<int64_t>(sc.out.size()) < rows_pad * D) sc.out.resize(rows_pad * D);  // AMX: whole 16-row tiles
   sc.pair_k.resize(pairs * kGemmKeyBlock);
-  sc.pair_v.resize(kGemmKeyBlock / 2 * D);
+  sc.pair_v.resize(kGemmKeyBlock / 2 * bd::value_stride(D));
   sc.pair_p.resize(kTileRows * kGemmKeyBlock / 2);
   sc.gemm_s.resize(kTileRows * kGemmKeyBlock);
   const auto pack = [&](int64_t j0, int64_t n, int64_t n_pad) {
@@ -895,6 +924,12 @@ void run_item(const Item& it, const Problem& pb, const T* q, const T* k_buffer, 
   }
 }
 
+// New tokens per long-block item at most: kGemmQueryBlock, or more where that gives fewer than
+// kGemmItemRows rows.
+inline int64_t gemm_block_tokens(int64_t group) {
+  return std::max<int64_t>(kGemmQueryBlock, (kGemmItemRows + group - 1) / group);
+}
+
 // Items are pulled, longest first, from a shared counter by one task per thread.
 template <typename Work>
 void pull_items(int64_t count, const Problem& pb, const Work& work) {
@@ -905,7 +940,8 @@ void pull_items(int64_t count, const Problem& pb, const Work& work) {
     // them fresh each time, and every call then paid a page fault per 4 KiB on first touch.
     // Every field is written before it is read in an item (load_row and run_item_gemm set them up).
     thread_local Scratch sc;
-    sc.reserve(std::max({kQueryBlock * pb.num_q_heads, kGemmQueryBlock * pb.group, kMaxSharedMembers * pb.group}),
+    sc.reserve(std::max({kQueryBlock * pb.num_q_heads, gemm_block_tokens(pb.group) * pb.group,
+                         kMaxSharedMembers * pb.group}),
                pb.head_dim);
     for (int64_t w = begin; w < end; ++w) {
       for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) work(i, sc);
@@ -1018,11 +1054,13 @@ std::vector<Item> make_items(const Problem& pb, int64_t batch, int64_t threads, 
     for (int64_t b : g.members) shared_keys[b] = g.keys;
   }
   const auto use_gemm = [&](int64_t b) { return pb.extend_lens[b] * pb.group >= kGemmMinRows; };
+  const auto block_tokens = [&](int64_t b) {  // the long blocks even (see kGemmItemRows)
+    if (!use_gemm(b)) return static_cast<int64_t>(kQueryBlock);
+    const int64_t most = gemm_block_tokens(pb.group), parts = (pb.extend_lens[b] + most - 1) / most;
+    return (pb.extend_lens[b] + parts - 1) / parts;
+  };
   int64_t blocks = 0;  // (request, query block) pairs
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t block = use_gemm(b) ? kGemmQueryBlock : kQueryBlock;
-    blocks += (pb.extend_lens[b] + block - 1) / block;
-  }
+  for (int64_t b = 0; b < batch; ++b) blocks += (pb.extend_lens[b] + block_tokens(b) - 1) / block_tokens(b);
   // Whole slots per register-blocked item (see the top) when that still leaves two items a thread;
   // BLAS items are compute-bound and take one kv head each.
   const int64_t slot_heads = blocks >= 2 * threads ? pb.num_kv_heads : 1;
@@ -1030,7 +1068,7 @@ std::vector<Item> make_items(const Problem& pb, int64_t batch, int64_t threads, 
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t new_tokens = pb.extend_lens[b], prefix = pb.seq_lens[b] - new_tokens;
     const bool gemm = use_gemm(b);
-    const int64_t block = gemm ? kGemmQueryBlock : kQueryBlock, heads = gemm ? 1 : slot_heads;
+    const int64_t block = block_tokens(b), heads = gemm ? 1 : slot_heads;
     for (int64_t first = 0; first < new_tokens; first += block) {
       const int64_t count = std::min<int64_t>(block, new_tokens - first), keys = prefix + first + count;
       for (int64_t h = 0; h < pb.num_kv_heads; h += heads) {

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -144,6 +145,24 @@ inline void transpose16x16(__m512 r[16]) {
     r[8 + c] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);
     r[12 + c] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);
   }
+}
+
+// Lanes 0..n-1 set (n clipped to 0..16): the tail of a row whose length is not a multiple of 16.
+inline __mmask16 tail_mask(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// The first n (<= 16) values of any stored dtype widened to fp32, the other lanes 0; nothing past
+// p + n is read.
+inline __m512 load16_tail(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
+inline __m512 load16_tail(const c10::BFloat16* p, int64_t n) {
+  const __m256i h = _mm256_maskz_loadu_epi16(tail_mask(n), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16_tail(const c10::Half* p, int64_t n) {
+  c10::Half h[16] = {};
+  std::memcpy(h, p, std::max<int64_t>(0, std::min<int64_t>(n, 16)) * sizeof(c10::Half));
+  return (__m512)load16(h);
 }
 
 // Sixteen vectors to one: lane i = the sum of a[i]'s lanes. Pairs of vectors fold together level by
