@@ -1,16 +1,25 @@
 // W4A16 GEMM: y[M, N] = x[M, K] · wᵀ (+ bias) where w[n][k] = (q[n][k] - z[n][g]) · s[n][g] for k in
-// group g (G elements of K per group; z = 0 when symmetric), x and y fp32.
+// group g (G elements of K per group; z = 0 when symmetric).
 //
-// The weight is packed once (pack_int4) into words of eight K elements of one column — nibble j of
-// a word is q + 8 of element 8·step + j — laid out packed[block][step][column] for blocks of 16
-// columns, so 64 bytes are 16 columns x 8 elements of K. Beside it, per block, group and column,
-// the scale s and c = s · (8 + z), so that w = nibble · s - c.
+// The weight is packed once (pack_int4) into words of eight K elements of one column, each nibble
+// q + 8, laid out packed[block][step][column] for blocks of 16 columns, so 64 bytes are 16 columns x
+// 8 elements of K. Within a word, element 2j sits at bits 4j and element 2j + 1 at bits 16 + 4j: one
+// shift by 4j and one mask of 0x000F000F leave, in each 32-bit lane, the pair (2j, 2j + 1) as two
+// 16-bit values, the layout of vdpbf16ps's bf16 pairs. Beside the words, per block, group and
+// column, the scale s and c = s · (8 + z), so that w = nibble · s - c.
 //
-// Decode rows (decode_int4, AVX-512): the nibbles are unpacked and widened to fp32 in registers (a
-// shift, a mask, a conversion per eight columns' element, shared by every row of the block) and
-// multiplied into per-group sums Σ nibble · x; at each group's end acc += s · sums - c · Σ x (the
-// row's group sums of x, passed in). Nothing of the weight is written out. Register block: up to
-// 4 rows x 2 column blocks (or 2 rows x 4 blocks).
+// Decode rows (decode_int4, AVX-512), two paths by x's dtype:
+// - bf16 x (AVX512-BF16): each masked pair is ORed with 0x4300 per half (one vpternlogd), which makes
+//   the bf16 values 128 + nibble exactly; vdpbf16ps multiplies them by x's pair, broadcast from
+//   memory, into per-group fp32 sums Σ (128 + nibble) · x, and at each group's end
+//   acc += s · sums - (c + 128 · s) · Σ x (the row's group sums of x, computed here once per call).
+//   Two instructions unpack 32 weights for every row; the rows' products are one instruction per 32.
+//   Output bf16, rounded once.
+// - fp32 x: the nibbles are widened to fp32 (a shift, a mask, a conversion per eight columns'
+//   element, shared by every row of the block) and multiplied into the same per-group sums, without
+//   the 128. Output fp32.
+// Nothing of the weight is written out. Register block: up to 4 rows x 2 column blocks (or 1-2 rows
+// x 4 blocks).
 // Prefill rows (dequantize_int4): the weight is unpacked to a full-precision matrix once per call and
 // the caller's BLAS runs the product, whose arithmetic then dwarfs the unpacking.
 
@@ -23,18 +32,34 @@
 #include <cstdint>
 
 #define VLSERVE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define VLSERVE_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 namespace {
 
 constexpr int64_t kCols = 16;
 constexpr int64_t kPerWord = 8;
+#ifndef PFD
+#define PFD 16
+#endif
+#ifndef PFHINT
+#define PFHINT _MM_HINT_T0
+#endif
+constexpr int64_t kPrefetchSteps = PFD;
 
 bool has_avx512() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 }
 
+bool has_avx512_bf16() {
+  __builtin_cpu_init();
+  return has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
 bool int4_supported() { return has_avx512(); }
+
+// The bit offset of element e (0-7) in its word: pairs (2j, 2j + 1) at bits 4j and 16 + 4j.
+constexpr int nibble_shift(int64_t e) { return static_cast<int>((e % 2) * 16 + (e / 2) * 4); }
 
 // q [N, K] int8 in [-8, 7]; scale [N, K/G] float; zero [N, K/G] int8 or None ->
 // (packed [N/16, K/8, 16] int32, sc [N/16, K/G, 2, 16] fp32: s, then c = s · (8 + z)).
@@ -65,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor> pack_int4(const at::Tensor& q_in, const at::T
         for (int64_t s = 0; s < steps; ++s) {
           uint32_t word = 0;
           for (int64_t j = 0; j < kPerWord; ++j)
-            word |= static_cast<uint32_t>(qs[n * K + s * kPerWord + j] + 8) << (4 * j);
+            word |= static_cast<uint32_t>(qs[n * K + s * kPerWord + j] + 8) << nibble_shift(j);
           dst[(b * steps + s) * kCols + c] = word;
         }
         for (int64_t g = 0; g < groups; ++g) {
@@ -80,18 +105,43 @@ std::tuple<at::Tensor, at::Tensor> pack_int4(const at::Tensor& q_in, const at::T
   return {packed, sc};
 }
 
+template <typename T>
 struct Int4Args {
-  const float* x;       // [M, K]
+  const T* x;           // [M, K], fp32 or bf16
   const float* xsum;    // [M, groups]: Σ x over each group
   const uint32_t* w;    // packed
   const float* sc;      // [blocks, groups, 2, 16]
   const float* bias;    // [N] or null
-  float* y;             // [M, N]
+  T* y;                 // [M, N], x's dtype
   int64_t K, N, groups, steps, group_steps;
 };
 
+VLSERVE_AVX512 inline void store_row(const float* out, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = out[i];
+}
+
+VLSERVE_AVX512 inline void store_row(const float* out, at::BFloat16* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = at::BFloat16(out[i]);  // round to nearest even
+}
+
+// The block's accumulators (plus bias) to y, rows m0.., column blocks b0...
+template <typename T, int R, int C>
+VLSERVE_AVX512 void store_block(const Int4Args<T>& a, const __m512 (&acc)[R][C], int64_t m0, int64_t b0) {
+  alignas(64) float out[kCols];
+  _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) {
+    const int64_t n0 = (b0 + c) * kCols, n = std::min<int64_t>(kCols, a.N - n0);
+    const __mmask16 edge = static_cast<__mmask16>((1u << n) - 1);
+    const __m512 bias = a.bias ? _mm512_maskz_loadu_ps(edge, a.bias + n0) : _mm512_setzero_ps();
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+      _mm512_store_ps(out, _mm512_add_ps(acc[r][c], bias));
+      store_row(out, a.y + (m0 + r) * a.N + n0, n);
+    }
+  }
+}
+
+// fp32 x: nibbles widened to fp32 in registers, acc += s · Σ nibble · x - c · Σ x per group.
 template <int R, int C>
-VLSERVE_AVX512 void block_int4(const Int4Args& a, int64_t m0, int64_t b0) {
+VLSERVE_AVX512 void block_int4(const Int4Args<float>& a, int64_t m0, int64_t b0) {
   __m512 acc[R][C];
   _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
     _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -107,7 +157,7 @@ VLSERVE_AVX512 void block_int4(const Int4Args& a, int64_t m0, int64_t b0) {
       _Pragma("GCC unroll 8") for (int j = 0; j < kPerWord; ++j) {
         __m512 wf[C];
         _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c)
-          wf[c] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(words[c], 4 * j), mask));
+          wf[c] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(words[c], nibble_shift(j)), mask));
         _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
           const __m512 xv = _mm512_set1_ps(a.x[(m0 + r) * a.K + s * kPerWord + j]);
           _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) part[r][c] = _mm512_fmadd_ps(wf[c], xv, part[r][c]);
@@ -123,55 +173,133 @@ VLSERVE_AVX512 void block_int4(const Int4Args& a, int64_t m0, int64_t b0) {
       }
     }
   }
-  alignas(64) float out[kCols];
-  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) {
-      _mm512_store_ps(out, acc[r][c]);
-      const int64_t n0 = (b0 + c) * kCols, n = std::min<int64_t>(kCols, a.N - n0);
-      for (int64_t i = 0; i < n; ++i) a.y[(m0 + r) * a.N + n0 + i] = out[i] + (a.bias ? a.bias[n0 + i] : 0.f);
-    }
+  store_block<float, R, C>(a, acc, m0, b0);
 }
 
-template <int R>
-void rows_int4(const Int4Args& a, int64_t m0, int64_t b0, int64_t nb) {
+// bf16 x: each pair of nibbles becomes the bf16 pair 128 + nibble (one shift, one ternary logic op
+// for 32 weights) and vdpbf16ps adds its products with x's pair; acc += s · sums - (c + 128 s) · Σ x per
+// group. One row keeps two sets of sums (even and odd pairs) so that the adds into one register are
+// not a single chain.
+template <int R, int C>
+VLSERVE_AVX512_BF16 void block_int4(const Int4Args<at::BFloat16>& a, int64_t m0, int64_t b0) {
+  constexpr int S = R == 1 ? 2 : 1;
+  __m512 acc[R][C];
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const __m512i mask = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
+  const int32_t* x32 = reinterpret_cast<const int32_t*>(a.x);  // bf16 pairs (K is a multiple of 8)
+  const int64_t ldx = a.K / 2;
+  for (int64_t g = 0; g < a.groups; ++g) {
+    __m512 part[S][R][C];
+    _Pragma("GCC unroll 8") for (int t = 0; t < S; ++t)
+      _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+        _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) part[t][r][c] = _mm512_setzero_ps();
+    for (int64_t s = g * a.group_steps; s < (g + 1) * a.group_steps; ++s) {
+      __m512i words[C];
+      _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) {
+        const uint32_t* wp = a.w + ((b0 + c) * a.steps + s) * kCols;
+        _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchSteps * kCols), PFHINT);
+        words[c] = _mm512_loadu_si512(wp);
+      }
+      _Pragma("GCC unroll 4") for (int j = 0; j < kPerWord / 2; ++j) {
+        __m512bh wb[C];
+        _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) {
+          const __m512i shifted = j == 0 ? words[c] : _mm512_srli_epi32(words[c], 4 * j);
+          // (shifted & mask) | exponent
+          wb[c] = (__m512bh)_mm512_ternarylogic_epi32(shifted, mask, exponent, 0xEA);
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+          const __m512bh xv = (__m512bh)_mm512_set1_epi32(x32[(m0 + r) * ldx + s * (kPerWord / 2) + j]);
+          _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c)
+            part[j % S][r][c] = _mm512_dpbf16_ps(part[j % S][r][c], xv, wb[c]);
+        }
+      }
+    }
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) {
+      const float* scp = a.sc + ((b0 + c) * a.groups + g) * 2 * kCols;
+      const __m512 s = _mm512_loadu_ps(scp);
+      const __m512 cc = _mm512_fmadd_ps(s, _mm512_set1_ps(128.f), _mm512_loadu_ps(scp + kCols));
+      _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+        const __m512 xs = _mm512_set1_ps(a.xsum[(m0 + r) * a.groups + g]);
+        const __m512 sums = S == 2 ? _mm512_add_ps(part[0][r][c], part[S - 1][r][c]) : part[0][r][c];
+        acc[r][c] = _mm512_fnmadd_ps(cc, xs, _mm512_fmadd_ps(s, sums, acc[r][c]));
+      }
+    }
+  }
+  store_block<at::BFloat16, R, C>(a, acc, m0, b0);
+}
+
+template <typename T, int R>
+void rows_int4(const Int4Args<T>& a, int64_t m0, int64_t b0, int64_t nb) {
   constexpr int C = R <= 2 ? 4 : 2;
   int64_t b = b0;
   for (; b + C <= b0 + nb; b += C) block_int4<R, C>(a, m0, b);
   for (; b < b0 + nb; ++b) block_int4<R, 1>(a, m0, b);
 }
 
-// y [M, N] fp32 for x [M, K] (any float dtype; M a few rows) on the packed weight.
-at::Tensor decode_int4(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& sc,
-                       const std::optional<at::Tensor>& bias_in, int64_t N) {
-  TORCH_CHECK(int4_supported(), "decode_int4 needs AVX-512");
-  const at::Tensor x = x_in.to(at::kFloat).contiguous();
-  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.size(2) == kCols && x.size(1) == packed.size(1) * kPerWord,
-              "decode_int4: x ", x.sizes(), " does not fit the packed weight ", packed.sizes());
-  const int64_t M = x.size(0), K = x.size(1), groups = sc.size(1), blocks = packed.size(0);
-  TORCH_CHECK(sc.dim() == 4 && sc.size(0) == blocks && K % groups == 0 && N <= blocks * kCols, "decode_int4: scales ",
-              sc.sizes(), " do not fit");
-  const at::Tensor xsum = x.view({M, groups, K / groups}).sum(-1).contiguous();
-  at::Tensor bias = bias_in.has_value() ? bias_in->to(at::kFloat).contiguous() : at::Tensor();
-  at::Tensor y = at::empty({M, N}, x.options());
-  Int4Args a{x.data_ptr<float>(), xsum.data_ptr<float>(), reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
-             sc.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(),
-             K, N, groups, packed.size(1), (K / groups) / kPerWord};
+template <typename T>
+void run_int4(const Int4Args<T>& a, int64_t M, int64_t blocks) {
   constexpr int64_t kTaskBlocks = 4;
   const int64_t tasks = (blocks + kTaskBlocks - 1) / kTaskBlocks;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b0 = t * kTaskBlocks, nb = std::min(kTaskBlocks, blocks - b0);
       int64_t m = 0;
-      for (; m + 4 <= M; m += 4) rows_int4<4>(a, m, b0, nb);
+      for (; m + 4 <= M; m += 4) rows_int4<T, 4>(a, m, b0, nb);
       switch (M - m) {
-        case 3: rows_int4<3>(a, m, b0, nb); break;
-        case 2: rows_int4<2>(a, m, b0, nb); break;
-        case 1: rows_int4<1>(a, m, b0, nb); break;
+        case 3: rows_int4<T, 3>(a, m, b0, nb); break;
+        case 2: rows_int4<T, 2>(a, m, b0, nb); break;
+        case 1: rows_int4<T, 1>(a, m, b0, nb); break;
         default: break;
       }
     }
   });
+}
+
+// Σ x over each group of each row, in fp32, of the values the kernel multiplies.
+template <typename T>
+at::Tensor group_sums(const T* x, int64_t M, int64_t K, int64_t groups) {
+  at::Tensor sums = at::empty({M, groups}, at::TensorOptions().dtype(at::kFloat));
+  float* out = sums.data_ptr<float>();
+  const int64_t G = K / groups;
+  for (int64_t i = 0; i < M * groups; ++i) {
+    float t = 0.f;
+    for (int64_t k = 0; k < G; ++k) t += static_cast<float>(x[i * G + k]);
+    out[i] = t;
+  }
+  return sums;
+}
+
+template <typename T>
+at::Tensor decode_int4_typed(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sc,
+                             const at::Tensor& bias, int64_t N) {
+  const int64_t M = x.size(0), K = x.size(1), groups = sc.size(1), blocks = packed.size(0);
+  const T* xp = x.data_ptr<T>();
+  const at::Tensor xsum = group_sums(xp, M, K, groups);
+  at::Tensor y = at::empty({M, N}, x.options());
+  Int4Args<T> a{xp, xsum.data_ptr<float>(), reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
+                sc.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<T>(),
+                K, N, groups, packed.size(1), (K / groups) / kPerWord};
+  run_int4(a, M, blocks);
   return y;
+}
+
+// y [M, N] for x [M, K] (M a few rows) on the packed weight: bf16 for a bf16 x where the CPU has
+// AVX512-BF16, else fp32 (x of any float dtype read as fp32).
+at::Tensor decode_int4(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& sc,
+                       const std::optional<at::Tensor>& bias_in, int64_t N) {
+  TORCH_CHECK(int4_supported(), "decode_int4 needs AVX-512");
+  TORCH_CHECK(x_in.dim() == 2 && packed.dim() == 3 && packed.size(2) == kCols &&
+              x_in.size(1) == packed.size(1) * kPerWord,
+              "decode_int4: x ", x_in.sizes(), " does not fit the packed weight ", packed.sizes());
+  const int64_t K = x_in.size(1), groups = sc.size(1), blocks = packed.size(0);
+  TORCH_CHECK(sc.dim() == 4 && sc.size(0) == blocks && K % groups == 0 && N <= blocks * kCols, "decode_int4: scales ",
+              sc.sizes(), " do not fit");
+  at::Tensor bias = bias_in.has_value() ? bias_in->to(at::kFloat).contiguous() : at::Tensor();
+  TORCH_CHECK(!bias.defined() || bias.numel() == N, "decode_int4: bias of ", bias.numel(), " for ", N, " outputs");
+  if (x_in.scalar_type() == at::kBFloat16 && has_avx512_bf16())
+    return decode_int4_typed<at::BFloat16>(x_in.contiguous(), packed, sc, bias, N);
+  return decode_int4_typed<float>(x_in.to(at::kFloat).contiguous(), packed, sc, bias, N);
 }
 
 template <typename T>
@@ -187,7 +315,7 @@ void dequantize_into(const at::Tensor& packed, const at::Tensor& sc, int64_t N, 
         const int64_t g = s / group_steps;
         const float sv = scp[((b * groups + g) * 2) * kCols + c], cv = scp[((b * groups + g) * 2 + 1) * kCols + c];
         for (int64_t j = 0; j < kPerWord; ++j)
-          dst[n * K + s * kPerWord + j] = static_cast<T>(static_cast<float>((word >> (4 * j)) & 0xF) * sv - cv);
+          dst[n * K + s * kPerWord + j] = static_cast<T>(static_cast<float>((word >> nibble_shift(j)) & 0xF) * sv - cv);
       }
     }
   });
@@ -197,7 +325,7 @@ void dequantize_into(const at::Tensor& packed, const at::Tensor& sc, int64_t N, 
 VLSERVE_AVX512 inline __m512 unpack_two_steps(const uint32_t* src, int64_t s, int64_t c, __m512 scale, __m512 c8) {
   const __m512i words = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(static_cast<int>(src[s * kCols + c]))),
                                            _mm256_set1_epi32(static_cast<int>(src[(s + 1) * kCols + c])), 1);
-  const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+  const __m512i shifts = _mm512_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28, 0, 16, 4, 20, 8, 24, 12, 28);
   const __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(words, shifts), _mm512_set1_epi32(0xF));
   return _mm512_fmsub_ps(_mm512_cvtepi32_ps(nib), scale, c8);
 }
