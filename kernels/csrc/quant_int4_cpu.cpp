@@ -2,8 +2,8 @@
 // group g (G elements of K per group; z = 0 when symmetric).
 //
 // The weight is packed once (pack_int4) into words of eight K elements of one column, each nibble
-// q + 8, laid out packed[block][step][column] for blocks of 16 columns, so 64 bytes are 16 columns x
-// 8 elements of K. Within a word, element 2j sits at bits 4j and element 2j + 1 at bits 16 + 4j: one
+// q + 8; 64 bytes are 16 columns (a block) x 8 elements of K (a step), and the blocks of one thread
+// task (4, 64 columns) are interleaved step by step (Int4Layout), so that the task reads one stream. Within a word, element 2j sits at bits 4j and element 2j + 1 at bits 16 + 4j: one
 // shift by 4j and one mask of 0x000F000F leave, in each 32-bit lane, the pair (2j, 2j + 1) as two
 // 16-bit values, the layout of vdpbf16ps's bf16 pairs. Beside the words, per block, group and
 // column, the scale s and c = s · (8 + z), so that w = nibble · s - c.
@@ -38,13 +38,21 @@ namespace {
 
 constexpr int64_t kCols = 16;
 constexpr int64_t kPerWord = 8;
-#ifndef PFD
-#define PFD 16
-#endif
-#ifndef PFHINT
-#define PFHINT _MM_HINT_T0
-#endif
-constexpr int64_t kPrefetchSteps = PFD;
+constexpr int64_t kPrefetchSteps = 16;  // bf16 rows fetch the stream this many steps (4 KB) ahead into L1
+constexpr int64_t kTaskBlocks = 4;  // column blocks per thread task, interleaved in memory
+
+// Where the words lie: the blocks of a task (kTaskBlocks, fewer in the last) interleaved step by step,
+// so that a task's pass over K reads one contiguous stream: word (block b, step s, column c) at
+// at(b, s) + c.
+struct Int4Layout {
+  int64_t steps, blocks;
+
+  int64_t at(int64_t b, int64_t s) const {
+    const int64_t t0 = b / kTaskBlocks * kTaskBlocks;
+    return (t0 * steps + s * task_blocks(b) + (b - t0)) * kCols;
+  }
+  int64_t task_blocks(int64_t b) const { return std::min(kTaskBlocks, blocks - b / kTaskBlocks * kTaskBlocks); }
+};
 
 bool has_avx512() {
   __builtin_cpu_init();
@@ -62,7 +70,7 @@ bool int4_supported() { return has_avx512(); }
 constexpr int nibble_shift(int64_t e) { return static_cast<int>((e % 2) * 16 + (e / 2) * 4); }
 
 // q [N, K] int8 in [-8, 7]; scale [N, K/G] float; zero [N, K/G] int8 or None ->
-// (packed [N/16, K/8, 16] int32, sc [N/16, K/G, 2, 16] fp32: s, then c = s · (8 + z)).
+// (packed [N/16, K/8, 16] int32 in Int4Layout's order, sc [N/16, K/G, 2, 16] fp32: s, then c = s · (8 + z)).
 std::tuple<at::Tensor, at::Tensor> pack_int4(const at::Tensor& q_in, const at::Tensor& scale_in,
                                              const std::optional<at::Tensor>& zero_in) {
   TORCH_CHECK(q_in.dim() == 2 && q_in.scalar_type() == at::kChar, "pack_int4: q must be 2-D int8");
@@ -83,6 +91,7 @@ std::tuple<at::Tensor, at::Tensor> pack_int4(const at::Tensor& q_in, const at::T
   const int8_t* zs = zero.defined() ? zero.data_ptr<int8_t>() : nullptr;
   uint32_t* dst = reinterpret_cast<uint32_t*>(packed.data_ptr<int32_t>());
   float* scd = sc.data_ptr<float>();
+  const Int4Layout layout{steps, blocks};
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       for (int64_t c = 0; c < kCols && b * kCols + c < N; ++c) {
@@ -91,7 +100,7 @@ std::tuple<at::Tensor, at::Tensor> pack_int4(const at::Tensor& q_in, const at::T
           uint32_t word = 0;
           for (int64_t j = 0; j < kPerWord; ++j)
             word |= static_cast<uint32_t>(qs[n * K + s * kPerWord + j] + 8) << nibble_shift(j);
-          dst[(b * steps + s) * kCols + c] = word;
+          dst[layout.at(b, s) + c] = word;
         }
         for (int64_t g = 0; g < groups; ++g) {
           const float s = ss[n * groups + g];
@@ -114,6 +123,7 @@ struct Int4Args {
   const float* bias;    // [N] or null
   T* y;                 // [M, N], x's dtype
   int64_t K, N, groups, steps, group_steps;
+  Int4Layout layout;
 };
 
 VLSERVE_AVX512 inline void store_row(const float* out, float* y, int64_t n) {
@@ -151,9 +161,9 @@ VLSERVE_AVX512 void block_int4(const Int4Args<float>& a, int64_t m0, int64_t b0)
     _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
       _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) part[r][c] = _mm512_setzero_ps();
     for (int64_t s = g * a.group_steps; s < (g + 1) * a.group_steps; ++s) {
+      const uint32_t* wp = a.w + a.layout.at(b0, s);
       __m512i words[C];
-      _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c)
-        words[c] = _mm512_loadu_si512(a.w + ((b0 + c) * a.steps + s) * kCols);
+      _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) words[c] = _mm512_loadu_si512(wp + c * kCols);
       _Pragma("GCC unroll 8") for (int j = 0; j < kPerWord; ++j) {
         __m512 wf[C];
         _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c)
@@ -195,11 +205,11 @@ VLSERVE_AVX512_BF16 void block_int4(const Int4Args<at::BFloat16>& a, int64_t m0,
       _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
         _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) part[t][r][c] = _mm512_setzero_ps();
     for (int64_t s = g * a.group_steps; s < (g + 1) * a.group_steps; ++s) {
+      const uint32_t* wp = a.w + a.layout.at(b0, s);
       __m512i words[C];
       _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) {
-        const uint32_t* wp = a.w + ((b0 + c) * a.steps + s) * kCols;
-        _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchSteps * kCols), PFHINT);
-        words[c] = _mm512_loadu_si512(wp);
+        _mm_prefetch(reinterpret_cast<const char*>(wp + (c + kPrefetchSteps * kTaskBlocks) * kCols), _MM_HINT_T0);
+        words[c] = _mm512_loadu_si512(wp + c * kCols);
       }
       _Pragma("GCC unroll 4") for (int j = 0; j < kPerWord / 2; ++j) {
         __m512bh wb[C];
@@ -239,7 +249,6 @@ void rows_int4(const Int4Args<T>& a, int64_t m0, int64_t b0, int64_t nb) {
 
 template <typename T>
 void run_int4(const Int4Args<T>& a, int64_t M, int64_t blocks) {
-  constexpr int64_t kTaskBlocks = 4;
   const int64_t tasks = (blocks + kTaskBlocks - 1) / kTaskBlocks;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -279,7 +288,7 @@ at::Tensor decode_int4_typed(const at::Tensor& x, const at::Tensor& packed, cons
   at::Tensor y = at::empty({M, N}, x.options());
   Int4Args<T> a{xp, xsum.data_ptr<float>(), reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
                 sc.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<T>(),
-                K, N, groups, packed.size(1), (K / groups) / kPerWord};
+                K, N, groups, packed.size(1), (K / groups) / kPerWord, Int4Layout{packed.size(1), blocks}};
   run_int4(a, M, blocks);
   return y;
 }
@@ -307,11 +316,12 @@ void dequantize_into(const at::Tensor& packed, const at::Tensor& sc, int64_t N, 
   const int64_t steps = packed.size(1), groups = sc.size(1), K = steps * kPerWord, group_steps = steps / groups;
   const uint32_t* src = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
   const float* scp = sc.data_ptr<float>();
+  const Int4Layout layout{steps, packed.size(0)};
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const int64_t b = n / kCols, c = n % kCols;
       for (int64_t s = 0; s < steps; ++s) {
-        const uint32_t word = src[(b * steps + s) * kCols + c];
+        const uint32_t word = src[layout.at(b, s) + c];
         const int64_t g = s / group_steps;
         const float sv = scp[((b * groups + g) * 2) * kCols + c], cv = scp[((b * groups + g) * 2 + 1) * kCols + c];
         for (int64_t j = 0; j < kPerWord; ++j)
@@ -321,10 +331,10 @@ void dequantize_into(const at::Tensor& packed, const at::Tensor& sc, int64_t N, 
   });
 }
 
-// Sixteen weights of column c, steps s and s + 1 (one group), as fp32.
-VLSERVE_AVX512 inline __m512 unpack_two_steps(const uint32_t* src, int64_t s, int64_t c, __m512 scale, __m512 c8) {
-  const __m512i words = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(static_cast<int>(src[s * kCols + c]))),
-                                           _mm256_set1_epi32(static_cast<int>(src[(s + 1) * kCols + c])), 1);
+// Sixteen weights of one column, the words of two steps (one group), as fp32.
+VLSERVE_AVX512 inline __m512 unpack_two_steps(uint32_t first, uint32_t second, __m512 scale, __m512 c8) {
+  const __m512i words = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(static_cast<int>(first))),
+                                           _mm256_set1_epi32(static_cast<int>(second)), 1);
   const __m512i shifts = _mm512_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28, 0, 16, 4, 20, 8, 24, 12, 28);
   const __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(words, shifts), _mm512_set1_epi32(0xF));
   return _mm512_fmsub_ps(_mm512_cvtepi32_ps(nib), scale, c8);
@@ -332,13 +342,15 @@ VLSERVE_AVX512 inline __m512 unpack_two_steps(const uint32_t* src, int64_t s, in
 
 // Row n of the dequantized weight on AVX-512 (even steps per group): fp32, or bf16 rounded to nearest even.
 template <bool kBf16>
-VLSERVE_AVX512 void dequantize_row_512(const uint32_t* src, const float* scp, int64_t n, int64_t steps,
+VLSERVE_AVX512 void dequantize_row_512(const uint32_t* src, const float* scp, int64_t n, const Int4Layout& layout,
                                        int64_t groups, void* out) {
-  const int64_t K = steps * kPerWord, group_steps = steps / groups, b = n / kCols, c = n % kCols;
-  const uint32_t* blk = src + b * steps * kCols;
+  const int64_t steps = layout.steps, K = steps * kPerWord, group_steps = steps / groups, b = n / kCols, c = n % kCols;
+  const int64_t stride = layout.task_blocks(b) * kCols;  // from one step's word to the next
+  const uint32_t* col = src + layout.at(b, 0) + c;
   for (int64_t s = 0; s < steps; s += 2) {
     const float* g = scp + ((b * groups + s / group_steps) * 2) * kCols;
-    const __m512 w = unpack_two_steps(blk, s, c, _mm512_set1_ps(g[c]), _mm512_set1_ps(g[kCols + c]));
+    const __m512 w = unpack_two_steps(col[s * stride], col[(s + 1) * stride], _mm512_set1_ps(g[c]),
+                                      _mm512_set1_ps(g[kCols + c]));
     if constexpr (kBf16) {
       const __m512i bits = _mm512_castps_si512(w);
       const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
@@ -356,9 +368,10 @@ template <bool kBf16>
 void dequantize_512(const at::Tensor& packed, const at::Tensor& sc, int64_t N, void* out) {
   const uint32_t* src = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
   const float* scp = sc.data_ptr<float>();
-  const int64_t steps = packed.size(1), groups = sc.size(1);
+  const Int4Layout layout{packed.size(1), packed.size(0)};
+  const int64_t groups = sc.size(1);
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) dequantize_row_512<kBf16>(src, scp, n, steps, groups, out);
+    for (int64_t n = begin; n < end; ++n) dequantize_row_512<kBf16>(src, scp, n, layout, groups, out);
   });
 }
 
