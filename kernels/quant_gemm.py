@@ -136,7 +136,8 @@ def int8_linear_ref(x: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 q [N, K] in [-8, 7], scale [N, K/G], zero points [N, K/G] or None -> (packed [N/16, K/8, 16]
     int32 words of eight q + 8, elements 2j and 2j + 1 at bits 4j and 16 + 4j, each four blocks of 16
-    columns interleaved step by step; [N/16, K/G, 2, 16] fp32 of scale and scale · (8 + zero))."""
+    columns interleaved step by step; [N/16, K/G, 2, 16] fp32 of scale and scale · (8 + zero), or with
+    no zero points [N/16, K/G, 1, 16] of scale alone)."""
     return _ops("vlserve_int4").pack_int4(q, scale, zero)
 
 

@@ -6,7 +6,7 @@
 // task (4, 64 columns) are interleaved step by step (Int4Layout), so that the task reads one stream. Within a word, element 2j sits at bits 4j and element 2j + 1 at bits 16 + 4j: one
 // shift by 4j and one mask of 0x000F000F leave, in each 32-bit lane, the pair (2j, 2j + 1) as two
 // 16-bit values, the layout of vdpbf16ps's bf16 pairs. Beside the words, per block, group and
-// column, the scale s and c = s · (8 + z), so that w = nibble · s - c.
+// column, the scale s and c = s · (8 + z) (symmetric: s alone, c = 8 s), so that w = nibble · s - c.
 //
 // Decode rows (decode_int4, AVX-512), two paths by x's dtype:
 // - bf16 x (AVX512-BF16): each masked pair is ORed with 0x4300 per half (one vpternlogd), which makes
@@ -70,7 +70,9 @@ bool int4_supported() { return has_avx512(); }
 constexpr int nibble_shift(int64_t e) { return static_cast<int>((e % 2) * 16 + (e / 2) * 4); }
 
 // q [N, K] int8 in [-8, 7]; scale [N, K/G] float; zero [N, K/G] int8 or None ->
-// (packed [N/16, K/8, 16] int32 in Int4Layout's order, sc [N/16, K/G, 2, 16] fp32: s, then c = s · (8 + z)).
+// (packed [N/16, K/8, 16] int32 in Int4Layout's order, sc [N/16, K/G, 2 or 1, 16] fp32: s, then
+// c = s · (8 + z) where there are zero points; symmetric, c = 8 s is not stored, so that the decode
+// stream carries 4 bytes of scales per 64 of weights, not 8).
 std::tuple<at::Tensor, at::Tensor> pack_int4(const at::Tensor& q_in, const at::Tensor& scale_in,
                                              const std::optional<at::Tensor>& zero_in) {
   TORCH_CHECK(q_in.dim() == 2 && q_in.scalar_type() == at::kChar, "pack_int4: q must be 2-D int8");
@@ -85,7 +87,8 @@ std::tuple<at::Tensor, at::Tensor> pack_int4(const at::Tensor& q_in, const at::T
   TORCH_CHECK(!zero.defined() || zero.sizes() == scale.sizes(), "pack_int4: zero points must match the scales");
   const int64_t blocks = (N + kCols - 1) / kCols, steps = K / kPerWord;
   at::Tensor packed = at::zeros({blocks, steps, kCols}, q.options().dtype(at::kInt));
-  at::Tensor sc = at::zeros({blocks, groups, 2, kCols}, scale.options());
+  const int64_t rows = zero.defined() ? 2 : 1;  // symmetric: c = 8 s, not stored
+  at::Tensor sc = at::zeros({blocks, groups, rows, kCols}, scale.options());
   const int8_t* qs = q.data_ptr<int8_t>();
   const float* ss = scale.data_ptr<float>();
   const int8_t* zs = zero.defined() ? zero.data_ptr<int8_t>() : nullptr;
@@ -105,8 +108,8 @@ std::tuple<at::Tensor, at::Tensor> pack_int4(const at::Tensor& q_in, const at::T
         for (int64_t g = 0; g < groups; ++g) {
           const float s = ss[n * groups + g];
           const float z = zs ? static_cast<float>(zs[n * groups + g]) : 0.f;
-          scd[((b * groups + g) * 2) * kCols + c] = s;
-          scd[((b * groups + g) * 2 + 1) * kCols + c] = s * (8.f + z);
+          scd[((b * groups + g) * rows) * kCols + c] = s;
+          if (rows == 2) scd[((b * groups + g) * rows + 1) * kCols + c] = s * (8.f + z);
         }
       }
     }
@@ -114,12 +117,21 @@ std::tuple<at::Tensor, at::Tensor> pack_int4(const at::Tensor& q_in, const at::T
   return {packed, sc};
 }
 
+// Block b's scales s and c = s · (8 + z) for group g, 16 columns each (Int4Scales::c: 8 s where not stored).
+struct Int4Scales {
+  const float* p;  // [blocks, groups, rows, 16]
+  int64_t groups, rows;
+
+  const float* at(int64_t b, int64_t g) const { return p + (b * groups + g) * rows * kCols; }
+  float c(const float* at_bg, int64_t col) const { return rows == 2 ? at_bg[kCols + col] : 8.f * at_bg[col]; }
+};
+
 template <typename T>
 struct Int4Args {
   const T* x;           // [M, K], fp32 or bf16
   const float* xsum;    // [M, groups]: Σ x over each group
   const uint32_t* w;    // packed
-  const float* sc;      // [blocks, groups, 2, 16]
+  Int4Scales sc;
   const float* bias;    // [N] or null
   T* y;                 // [M, N], x's dtype
   int64_t K, N, groups, steps, group_steps;
@@ -175,8 +187,9 @@ VLSERVE_AVX512 void block_int4(const Int4Args<float>& a, int64_t m0, int64_t b0)
       }
     }
     _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) {
-      const float* scp = a.sc + ((b0 + c) * a.groups + g) * 2 * kCols;
-      const __m512 s = _mm512_loadu_ps(scp), cc = _mm512_loadu_ps(scp + kCols);
+      const float* scp = a.sc.at(b0 + c, g);
+      const __m512 s = _mm512_loadu_ps(scp);
+      const __m512 cc = a.sc.rows == 2 ? _mm512_loadu_ps(scp + kCols) : _mm512_mul_ps(s, _mm512_set1_ps(8.f));
       _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
         const __m512 xs = _mm512_set1_ps(a.xsum[(m0 + r) * a.groups + g]);
         acc[r][c] = _mm512_fnmadd_ps(cc, xs, _mm512_fmadd_ps(s, part[r][c], acc[r][c]));
@@ -226,9 +239,10 @@ VLSERVE_AVX512_BF16 void block_int4(const Int4Args<at::BFloat16>& a, int64_t m0,
       }
     }
     _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) {
-      const float* scp = a.sc + ((b0 + c) * a.groups + g) * 2 * kCols;
+      const float* scp = a.sc.at(b0 + c, g);
       const __m512 s = _mm512_loadu_ps(scp);
-      const __m512 cc = _mm512_fmadd_ps(s, _mm512_set1_ps(128.f), _mm512_loadu_ps(scp + kCols));
+      const __m512 cc = a.sc.rows == 2 ? _mm512_fmadd_ps(s, _mm512_set1_ps(128.f), _mm512_loadu_ps(scp + kCols))
+                                       : _mm512_mul_ps(s, _mm512_set1_ps(136.f));
       _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
         const __m512 xs = _mm512_set1_ps(a.xsum[(m0 + r) * a.groups + g]);
         const __m512 sums = S == 2 ? _mm512_add_ps(part[0][r][c], part[S - 1][r][c]) : part[0][r][c];
@@ -287,7 +301,7 @@ at::Tensor decode_int4_typed(const at::Tensor& x, const at::Tensor& packed, cons
   const at::Tensor xsum = group_sums(xp, M, K, groups);
   at::Tensor y = at::empty({M, N}, x.options());
   Int4Args<T> a{xp, xsum.data_ptr<float>(), reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
-                sc.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<T>(),
+                Int4Scales{sc.data_ptr<float>(), groups, sc.size(2)}, bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<T>(),
                 K, N, groups, packed.size(1), (K / groups) / kPerWord, Int4Layout{packed.size(1), blocks}};
   run_int4(a, M, blocks);
   return y;
@@ -302,7 +316,8 @@ at::Tensor decode_int4(const at::Tensor& x_in, const at::Tensor& packed, const a
               x_in.size(1) == packed.size(1) * kPerWord,
               "decode_int4: x ", x_in.sizes(), " does not fit the packed weight ", packed.sizes());
   const int64_t K = x_in.size(1), groups = sc.size(1), blocks = packed.size(0);
-  TORCH_CHECK(sc.dim() == 4 && sc.size(0) == blocks && K % groups == 0 && N <= blocks * kCols, "decode_int4: scales ",
+  TORCH_CHECK(sc.dim() == 4 && sc.size(0) == blocks && (sc.size(2) == 1 || sc.size(2) == 2) && sc.size(3) == kCols &&
+              K % groups == 0 && N <= blocks * kCols, "decode_int4: scales ",
               sc.sizes(), " do not fit");
   at::Tensor bias = bias_in.has_value() ? bias_in->to(at::kFloat).contiguous() : at::Tensor();
   TORCH_CHECK(!bias.defined() || bias.numel() == N, "decode_int4: bias of ", bias.numel(), " for ", N, " outputs");
@@ -315,7 +330,7 @@ template <typename T>
 void dequantize_into(const at::Tensor& packed, const at::Tensor& sc, int64_t N, T* dst) {
   const int64_t steps = packed.size(1), groups = sc.size(1), K = steps * kPerWord, group_steps = steps / groups;
   const uint32_t* src = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
-  const float* scp = sc.data_ptr<float>();
+  const Int4Scales scales{sc.data_ptr<float>(), groups, sc.size(2)};
   const Int4Layout layout{steps, packed.size(0)};
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
@@ -323,7 +338,8 @@ void dequantize_into(const at::Tensor& packed, const at::Tensor& sc, int64_t N, 
       for (int64_t s = 0; s < steps; ++s) {
         const uint32_t word = src[layout.at(b, s) + c];
         const int64_t g = s / group_steps;
-        const float sv = scp[((b * groups + g) * 2) * kCols + c], cv = scp[((b * groups + g) * 2 + 1) * kCols + c];
+        const float* bg = scales.at(b, g);
+        const float sv = bg[c], cv = scales.c(bg, c);
         for (int64_t j = 0; j < kPerWord; ++j)
           dst[n * K + s * kPerWord + j] = static_cast<T>(static_cast<float>((word >> nibble_shift(j)) & 0xF) * sv - cv);
       }
@@ -342,15 +358,16 @@ VLSERVE_AVX512 inline __m512 unpack_two_steps(uint32_t first, uint32_t second, _
 
 // Row n of the dequantized weight on AVX-512 (even steps per group): fp32, or bf16 rounded to nearest even.
 template <bool kBf16>
-VLSERVE_AVX512 void dequantize_row_512(const uint32_t* src, const float* scp, int64_t n, const Int4Layout& layout,
-                                       int64_t groups, void* out) {
-  const int64_t steps = layout.steps, K = steps * kPerWord, group_steps = steps / groups, b = n / kCols, c = n % kCols;
+VLSERVE_AVX512 void dequantize_row_512(const uint32_t* src, const Int4Scales& scales, int64_t n,
+                                       const Int4Layout& layout, void* out) {
+  const int64_t steps = layout.steps, K = steps * kPerWord, group_steps = steps / scales.groups;
+  const int64_t b = n / kCols, c = n % kCols;
   const int64_t stride = layout.task_blocks(b) * kCols;  // from one step's word to the next
   const uint32_t* col = src + layout.at(b, 0) + c;
   for (int64_t s = 0; s < steps; s += 2) {
-    const float* g = scp + ((b * groups + s / group_steps) * 2) * kCols;
+    const float* g = scales.at(b, s / group_steps);
     const __m512 w = unpack_two_steps(col[s * stride], col[(s + 1) * stride], _mm512_set1_ps(g[c]),
-                                      _mm512_set1_ps(g[kCols + c]));
+                                      _mm512_set1_ps(scales.c(g, c)));
     if constexpr (kBf16) {
       const __m512i bits = _mm512_castps_si512(w);
       const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
@@ -367,11 +384,10 @@ VLSERVE_AVX512 void dequantize_row_512(const uint32_t* src, const float* scp, in
 template <bool kBf16>
 void dequantize_512(const at::Tensor& packed, const at::Tensor& sc, int64_t N, void* out) {
   const uint32_t* src = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
-  const float* scp = sc.data_ptr<float>();
+  const Int4Scales scales{sc.data_ptr<float>(), sc.size(1), sc.size(2)};
   const Int4Layout layout{packed.size(1), packed.size(0)};
-  const int64_t groups = sc.size(1);
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) dequantize_row_512<kBf16>(src, scp, n, layout, groups, out);
+    for (int64_t n = begin; n < end; ++n) dequantize_row_512<kBf16>(src, scales, n, layout, out);
   });
 }
 
