@@ -4,7 +4,8 @@ and their PyTorch references.
 - W8A8 int8: x quantized per row at run time (max|x| / 127.5, round half to even, as
   compressed-tensors does), int8 x int8 sums exact in int32, then x_scale · w_scale (+ bias) in fp32.
   On AVX512-VNNI (vpdpbusd) or AVX2 (vpmaddwd), chosen at run time by the CPU's flags.
-- W4A16: int4 groups unpacked and scaled in registers for decode rows (AVX-512); for prefill rows the
+- W4A16: int4 groups unpacked and scaled in registers for decode rows (AVX-512; bf16 rows on
+  AVX512-BF16's vdpbf16ps, the nibbles made bf16 by their exponent bits); for prefill rows the
   weight is unpacked to a full-precision matrix once per call and BLAS runs the product.
 Weights are packed once, at load (pack_int8, pack_int4).
 
@@ -134,13 +135,16 @@ def int8_linear_ref(x: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor
 
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 q [N, K] in [-8, 7], scale [N, K/G], zero points [N, K/G] or None -> (packed [N/16, K/8, 16]
-    int32 words, [N/16, K/G, 2, 16] fp32 of scale and scale · (8 + zero))."""
+    int32 words of eight q + 8, elements 2j and 2j + 1 at bits 4j and 16 + 4j, each four blocks of 16
+    columns interleaved step by step; [N/16, K/G, 2, 16] fp32 of scale and scale · (8 + zero), or with
+    no zero points [N/16, K/G, 1, 16] of scale alone)."""
     return _ops("vlserve_int4").pack_int4(q, scale, zero)
 
 
 def int4_decode(x: torch.Tensor, packed: torch.Tensor, sc: torch.Tensor, bias: torch.Tensor | None,
                 n: int) -> torch.Tensor:
-    """[M, K] -> [M, N] fp32, unpacked and scaled in registers (decode rows)."""
+    """[M, K] -> [M, N], unpacked and scaled in registers (decode rows): bf16 (rounded once) for a bf16
+    x where the CPU has AVX512-BF16, else fp32."""
     return _ops("vlserve_int4").decode_int4(x, packed, sc, bias, n)
 
 

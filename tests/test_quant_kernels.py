@@ -6,9 +6,10 @@ import torch
 
 from vlserve.kernels import quant_gemm
 
-# shapes: edges of every block size (rows 1-13 cross the 6- and 4-row blocks; N not a multiple of
-# 16 or 64; K not a multiple of 4) and a decode-sized layer
-INT8_SHAPES = [(1, 64, 16), (5, 70, 33), (7, 130, 100), (13, 64, 257), (32, 512, 384)]
+# shapes: edges of every block size (rows 1-8 cross the VNNI 6-row x 4-block tile, 9-32 the 8 x 3 one
+# and AVX2's 4-row blocks; N not a multiple of 16, 48 or 64; K not a multiple of 4) and a decode-sized layer
+INT8_SHAPES = [(1, 64, 16), (5, 70, 33), (7, 130, 100), (8, 96, 80), (9, 130, 100), (13, 64, 257),
+               (32, 512, 384)]
 INT4_SHAPES = [(1, 64, 16, 32), (3, 128, 40, 64), (6, 256, 200, 128), (17, 512, 96, 32)]
 
 
@@ -111,6 +112,27 @@ def test_int4_decode_and_dequantize_match_reference(built, shape, symmetric):
     ref = x.double() @ w_ref.double().t() + bias.double()
     y = quant_gemm.int4_decode(x, packed, sc, bias, n)
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("mean", [0.0, 4.0], ids=["centred", "mean-4"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("shape", INT4_SHAPES, ids=str)
+def test_int4_decode_of_bf16_rows(built, shape, symmetric, mean):
+    """A bf16 x runs the bf16 path (weights as 128 + nibble, 128 · Σ x taken off per group): bf16 out
+    (where the CPU has AVX512-BF16), one rounding from the exact product of the bf16 values. A mean of 4
+    makes Σ x large against the products, the case where taking 128 · Σ x off cancels most."""
+    m, k, n, group = shape
+    x, q, scale, zero = _int4_case(m, k, n, group, symmetric, seed=m + k)
+    x = (x + mean).bfloat16()
+    packed, sc = quant_gemm.pack_int4(q, scale, zero)
+    if not quant_gemm.int4_supported():
+        pytest.fail("the W4A16 decode kernel needs AVX-512, which this CPU lacks")
+    bias = torch.randn(n)
+    ref = x.double() @ quant_gemm.int4_dequantize_ref(q, scale, zero).double().t() + bias.double()
+    y = quant_gemm.int4_decode(x, packed, sc, bias, n)
+    assert y.dtype in (torch.bfloat16, torch.float32)
+    # one bf16 rounding (2^-8 relative); the fp32 sums' error is ~1e-5 of Σ|x·w|, under atol here
+    torch.testing.assert_close(y.double(), ref, rtol=2 ** -8, atol=2e-3)
 
 
 # ---- the norm before W8A8 projections, quantizing its own output ----------------------------------

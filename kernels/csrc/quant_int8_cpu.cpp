@@ -10,16 +10,16 @@
 // - AVX512-VNNI: vpdpbusd multiplies 64 unsigned bytes by 64 signed bytes and adds each four
 //   products into one int32 lane. Activations are signed, so each broadcast x word is XORed with
 //   0x80808080 (q + 128, as u8) and the surplus 128 · Σ_k w[n][k] (comp, computed at packing) is
-//   taken off the sums. Register block: 6 rows x 4 column blocks (24 accumulators of 32 registers).
+//   taken off the sums. Register tile by the call's rows (vnni_tile): 6 rows x 4 column blocks up to
+//   8 rows, 8 rows x 3 blocks from 9 (24 accumulators of 32 registers either way).
 // - AVX2: each 8-column half of a block's step (32 bytes) is sign-extended to int16 and multiplied
 //   by x's four int16 values with vpmaddwd (exact: no saturation, unlike vpmaddubsw), two int32
 //   lanes per column folded at the end. Register block: 4 rows x 8 columns.
-// Threads split the 64-column groups; within one, row blocks pass over the group's weights (64 x K
-// bytes, held in L2). Where there are two passes or more (7+ rows on VNNI), they also fetch the
-// thread's next group into L2 (Ahead), spread over the passes, so that its first pass finds it there
-// (as decode_gemm_cpu.cpp does for bf16). Measured on a loaded Zen 5, one thread, a 200 MB model's
-// layers in turn: 1.15-1.2x at 32 rows, level within the noise at 8. One pass (1-6 rows) leaves it to
-// the hardware prefetcher.
+// Threads split the column groups (the tile's blocks; 4 on AVX2); within one, row blocks pass over the
+// group's weights (48-64 x K bytes, held in L2). A group's first pass fetches its own lines 1 KB ahead
+// into L1 (the hardware prefetcher alone ran 1-8 rows ~20% slower). Where there are two passes or
+// more, they also fetch the thread's next group into L2 (Ahead), spread over the passes, so that its
+// first pass finds it there (as decode_gemm_cpu.cpp does for bf16).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #define VLSERVE_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define VLSERVE_AVX2 __attribute__((target("avx2,fma")))
@@ -37,7 +38,8 @@
 namespace {
 
 constexpr int64_t kCols = 16;       // output columns per packed block
-constexpr int64_t kGroupBlocks = 4;  // blocks per thread task (64 columns)
+constexpr int64_t kGroupBlocks = 4;  // blocks per thread task on AVX2 (64 columns)
+constexpr int64_t kStreamSteps = 16;  // a first pass fetches its blocks' lines this many steps (1 KB) ahead
 constexpr int kIsaAvx2 = 1, kIsaVnni = 2;
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
@@ -147,7 +149,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x_in) {
   TORCH_CHECK(x_in.dim() == 2, "quantize_rows: need [M, K], got ", x_in.sizes());
   const at::Tensor x = x_in.scalar_type() == at::kBFloat16 ? x_in.contiguous() : x_in.to(at::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), Kp = round_up(K, 4);
-  at::Tensor q = at::zeros({M, Kp}, x.options().dtype(at::kChar));
+  at::Tensor q = Kp == K ? at::empty({M, Kp}, x.options().dtype(at::kChar))  // every byte written
+                         : at::zeros({M, Kp}, x.options().dtype(at::kChar));  // the padding stays 0
   at::Tensor scale = at::empty({M}, x.options().dtype(at::kFloat));
   if (x.scalar_type() == at::kBFloat16) {
     quantize_into(x.data_ptr<at::BFloat16>(), M, K, Kp, q.data_ptr<int8_t>(), scale.data_ptr<float>());
@@ -236,11 +239,16 @@ VLSERVE_VNNI void block_vnni(const uint8_t* xu, int64_t ldx, const int8_t* packe
     _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
   const int8_t* w0 = packed + b0 * steps * 64;
   int64_t fetch = ahead.next != nullptr ? ahead.pass : steps;
+  const bool stream = ahead.pass == 0;
   for (int64_t s = 0; s < steps; ++s) {
     if (s == fetch) {
       for (int64_t c = 0; c < ahead.blocks; ++c)
         _mm_prefetch(reinterpret_cast<const char*>(ahead.next + (c * steps + s) * 64), _MM_HINT_T1);
       fetch += ahead.passes;
+    }
+    if (stream) {
+      _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c)
+        _mm_prefetch(reinterpret_cast<const char*>(w0 + (c * steps + s + kStreamSteps) * 64), _MM_HINT_T0);
     }
     __m512i w[C];
     _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) w[c] = _mm512_loadu_si512(w0 + (c * steps + s) * 64);
@@ -294,14 +302,51 @@ VLSERVE_AVX2 void block_avx2(const int8_t* xq, int64_t ldx, const int8_t* packed
   for (int r = 0; r < R; ++r) out.store(m0 + r, b * kCols, sums[r]);
 }
 
-template <int R>
+// The VNNI register tile: rows per pass and blocks (16 columns each) per column group, chosen by the
+// call's rows. Up to 8 rows: 6 x 4 (24 accumulators; 7-8 rows take a second pass, from L2). From 9
+// rows: 8 x 3, whose passes load each weight vector for 8 rows instead of 6 (measured on Zen 5, 2
+// threads, a 200 MB model's layers: 6 x 4 the faster at 1 and 8 rows, 8 x 3 by 12% at 32).
+struct VnniTile {
+  int rows;
+  int64_t blocks;
+};
+
+VnniTile vnni_tile(int64_t M) { return M <= 8 ? VnniTile{6, 4} : VnniTile{8, 3}; }
+
+template <int R, int CMax>
 void vnni_rows(const uint8_t* xq, int64_t ldx, const int8_t* packed, const int32_t* comp, int64_t steps, int64_t m0,
                int64_t b0, int64_t nb, const Out& out, const Ahead& ahead) {
+  static_assert(CMax == 3 || CMax == 4, "column groups of 3 or 4 blocks");
   switch (nb) {
     case 1: return block_vnni<R, 1>(xq, ldx, packed, comp, steps, m0, b0, out, ahead);
     case 2: return block_vnni<R, 2>(xq, ldx, packed, comp, steps, m0, b0, out, ahead);
     case 3: return block_vnni<R, 3>(xq, ldx, packed, comp, steps, m0, b0, out, ahead);
-    default: return block_vnni<R, 4>(xq, ldx, packed, comp, steps, m0, b0, out, ahead);
+    default: return block_vnni<R, CMax>(xq, ldx, packed, comp, steps, m0, b0, out, ahead);
+  }
+}
+
+// Every row of one column group on VNNI, in passes of `Rows` rows (the last one shorter).
+template <int Rows, int CMax>
+void vnni_group(const uint8_t* xu, int64_t M, int64_t ldx, const int8_t* packed, const int32_t* comp, int64_t steps,
+                int64_t b0, int64_t nb, int64_t next_nb, const Out& out) {
+  Ahead ahead;
+  ahead.passes = (M + Rows - 1) / Rows;
+  if (ahead.passes >= 2 && next_nb > 0) {
+    ahead.next = packed + (b0 + nb) * steps * 64;
+    ahead.blocks = next_nb;
+  }
+  int64_t m = 0;
+  for (; m + Rows <= M; m += Rows, ++ahead.pass)
+    vnni_rows<Rows, CMax>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead);
+  switch (M - m) {
+    case 7: vnni_rows<std::min(7, Rows), CMax>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead); break;
+    case 6: vnni_rows<std::min(6, Rows), CMax>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead); break;
+    case 5: vnni_rows<5, CMax>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead); break;
+    case 4: vnni_rows<4, CMax>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead); break;
+    case 3: vnni_rows<3, CMax>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead); break;
+    case 2: vnni_rows<2, CMax>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead); break;
+    case 1: vnni_rows<1, CMax>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead); break;
+    default: break;
   }
 }
 
@@ -310,21 +355,10 @@ void vnni_rows(const uint8_t* xq, int64_t ldx, const int8_t* packed, const int32
 void column_group(int isa, const int8_t* xq, const uint8_t* xu, int64_t M, int64_t ldx, const int8_t* packed,
                   const int32_t* comp, int64_t steps, int64_t b0, int64_t nb, int64_t next_nb, const Out& out) {
   if (isa == kIsaVnni) {
-    Ahead ahead;
-    ahead.passes = (M + 5) / 6;
-    if (ahead.passes >= 2 && next_nb > 0) {
-      ahead.next = packed + (b0 + nb) * steps * 64;
-      ahead.blocks = next_nb;
-    }
-    int64_t m = 0;
-    for (; m + 6 <= M; m += 6, ++ahead.pass) vnni_rows<6>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead);
-    switch (M - m) {
-      case 5: vnni_rows<5>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead); break;
-      case 4: vnni_rows<4>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead); break;
-      case 3: vnni_rows<3>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead); break;
-      case 2: vnni_rows<2>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead); break;
-      case 1: vnni_rows<1>(xu, ldx, packed, comp, steps, m, b0, nb, out, ahead); break;
-      default: break;
+    if (vnni_tile(M).rows == 8) {
+      vnni_group<8, 3>(xu, M, ldx, packed, comp, steps, b0, nb, next_nb, out);
+    } else {
+      vnni_group<6, 4>(xu, M, ldx, packed, comp, steps, b0, nb, next_nb, out);
     }
     return;
   }
@@ -340,6 +374,14 @@ void column_group(int isa, const int8_t* xq, const uint8_t* xu, int64_t M, int64
   }
 }
 
+// u[i] = q[i] + 128 as u8 (the sign bit flipped), 64 bytes at a time
+VLSERVE_VNNI void flip_signs(const int8_t* q, int64_t n, uint8_t* u) {
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) _mm512_storeu_si512(u + i, _mm512_xor_si512(_mm512_loadu_si512(q + i), sign));
+  for (; i < n; ++i) u[i] = static_cast<uint8_t>(q[i]) ^ 0x80u;
+}
+
 void run_gemm(int isa, const at::Tensor& xq, const at::Tensor& packed, const at::Tensor& comp, const Out& out) {
   TORCH_CHECK(xq.dim() == 2 && xq.scalar_type() == at::kChar && xq.is_contiguous(), "int8 GEMM: xq must be a "
               "contiguous [M, K/4*4] int8 tensor");
@@ -347,17 +389,22 @@ void run_gemm(int isa, const at::Tensor& xq, const at::Tensor& packed, const at:
               "int8 GEMM: packed weight ", packed.sizes(), " does not fit activations ", xq.sizes());
   TORCH_CHECK(comp.numel() == packed.size(0) * kCols && out.N <= comp.numel(), "int8 GEMM: N / comp mismatch");
   const int64_t M = xq.size(0), steps = packed.size(1), blocks = (out.N + kCols - 1) / kCols;
-  const int64_t groups = (blocks + kGroupBlocks - 1) / kGroupBlocks;
+  const int64_t group_blocks = isa == kIsaVnni ? vnni_tile(M).blocks : kGroupBlocks;
+  const int64_t groups = (blocks + group_blocks - 1) / group_blocks;
   const int8_t* x = xq.data_ptr<int8_t>();
   // the VNNI path reads the activations as u8, q + 128: the sign bit flipped, once per call
-  at::Tensor xu_t = isa == kIsaVnni ? at::bitwise_xor(xq, -128) : at::Tensor();
-  const uint8_t* xu = isa == kIsaVnni ? reinterpret_cast<const uint8_t*>(xu_t.data_ptr<int8_t>()) : nullptr;
+  std::vector<uint8_t> xu_buf;
+  if (isa == kIsaVnni) {
+    xu_buf.resize(xq.numel());
+    flip_signs(x, xq.numel(), xu_buf.data());
+  }
+  const uint8_t* xu = isa == kIsaVnni ? xu_buf.data() : nullptr;
   const int8_t* w = packed.data_ptr<int8_t>();
   const int32_t* c = comp.data_ptr<int32_t>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
-      const int64_t b0 = g * kGroupBlocks, nb = std::min(kGroupBlocks, blocks - b0);
-      const int64_t next_nb = g + 1 < end ? std::min(kGroupBlocks, blocks - b0 - nb) : 0;
+      const int64_t b0 = g * group_blocks, nb = std::min(group_blocks, blocks - b0);
+      const int64_t next_nb = g + 1 < end ? std::min(group_blocks, blocks - b0 - nb) : 0;
       column_group(isa, x, xu, M, xq.size(1), w, c, steps, b0, nb, next_nb, out);
     }
   });
