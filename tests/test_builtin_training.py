@@ -10,9 +10,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from vlserve.builtin import scenes
+from vlserve.builtin import scenes, typed
 from training.builtin.attention_targets import (
-    KEYWORD_LAYER, RETRIEVAL_HEADS, RETRIEVAL_LAYER, AttentionBatch, object_patches, retrieval_patches,
+    KEYWORD_LAYER, REFERENCE_HEAD, RETRIEVAL_HEADS, RETRIEVAL_LAYER, AttentionBatch, object_patches,
+    retrieval_patches,
 )
 from training.builtin.train import (
     IMAGE_SIZE, BatchMaker, build_image_processor, build_model, patch_targets, warm_start,
@@ -85,6 +86,28 @@ def test_named_shape_question_targets_that_shape_and_its_keywords(maker):
             text = maker.tok.decode([ids[k] for k in words[0].keys]).lower()
             named = scene.objects[0][qa.about]
             assert named.shape in text or named.colour in text, (qa.question, text)
+
+
+def test_a_relation_looks_at_its_reference_shape_a_layer_below_the_answer(maker):
+    """"What is above the square?" / "is the circle left of the square?": the reference head (layer 1)
+    looks at the square, the retrieval heads (layer 2) at the shape the answer is about."""
+    rng = random.Random(3)
+    relations = [(sc, qa) for sc in (typed.typed_scene(rng) for _ in range(40)) for qa in sc.qas
+                 if qa.qtype == typed.RELATION_QTYPE]
+    measured = [(sc, qa) for sc, qa in relations if qa.ref is not None]
+    assert measured and len(measured) < len(relations), "extremes (\"the biggest\") have no reference"
+    for sc, qa in measured:
+        assert qa.ref != qa.about
+        patches = object_patches(sc, GRID)[0]
+        _, _, _, targets = maker.encode(sc, [qa])
+        reference = [t for t in targets if (t.layer, t.head) == (KEYWORD_LAYER, REFERENCE_HEAD)]
+        assert len(reference) == 1, qa
+        assert _patch_of(sc, maker, reference[0].keys) == sorted(patches[qa.ref])
+        for t in (t for t in targets if t.layer == RETRIEVAL_LAYER):
+            assert _patch_of(sc, maker, t.keys) == sorted(patches[qa.about])
+    for sc, qa in relations:
+        if qa.ref is None:
+            assert all(t.head != REFERENCE_HEAD for t in maker.encode(sc, [qa])[3] if t.layer == KEYWORD_LAYER)
 
 
 def test_caption_words_target_the_shape_being_described(maker):

@@ -71,6 +71,7 @@ class QA:
     answer: str
     qtype: str
     about: int | None = None  # index (in the frame's objects) of the shape the question names
+    ref: int | None = None  # of a relation: the shape it is measured from ("above the square": the square)
 
 
 @dataclass

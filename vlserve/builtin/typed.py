@@ -270,10 +270,10 @@ def relation_qas(shapes: list[Shape], centres, mask: np.ndarray, rng: random.Ran
     areas = [int((mask == k + 1).sum()) for k in range(n)]
     out: list[QA] = []
 
-    def add(question: str, k: int) -> None:
+    def add(question: str, k: int, ref: int | None = None) -> None:
         answer = _answer(shapes, k)
         if answer:
-            out.append(QA(question, answer, RELATION_QTYPE, about=k))
+            out.append(QA(question, answer, RELATION_QTYPE, about=k, ref=ref))
 
     for k in range(n):  # what is above / below / left / right of the shape named
         if names[k] is None:
@@ -286,9 +286,9 @@ def relation_qas(shapes: list[Shape], centres, mask: np.ndarray, rng: random.Ran
             if len(beyond) == 1 and not unclear:
                 where = rng.choice(RELATIONS[rel]).format(names[k])
                 if rng.random() < 0.3:
-                    add(rng.choice(RELATION_TAILS).format(where) + "?", beyond[0])
+                    add(rng.choice(RELATION_TAILS).format(where) + "?", beyond[0], ref=k)
                 else:
-                    add(f"{rng.choice(RELATION_HEADS)} {rng.choice(RELATION_VERBS)}{where}?", beyond[0])
+                    add(f"{rng.choice(RELATION_HEADS)} {rng.choice(RELATION_VERBS)}{where}?", beyond[0], ref=k)
     for extreme, key, reverse, gap in (("top", lambda j: centres[j][1], False, GAP),
                                        ("bottom", lambda j: centres[j][1], True, GAP),
                                        ("left", lambda j: centres[j][0], False, GAP),
@@ -312,7 +312,7 @@ def relation_qas(shapes: list[Shape], centres, mask: np.ndarray, rng: random.Ran
                 rel = rng.choice(rels)
                 q = rng.choice(YESNO_RELATIONS[rel]).format(a=names[a], b=names[b]) + rng.choice(YESNO_ENDS)
                 yes = d > 0 if rel in ("above", "left") else d < 0
-                out.append(QA(q[0].upper() + q[1:], "Yes." if yes else "No.", RELATION_QTYPE, about=a))
+                out.append(QA(q[0].upper() + q[1:], "Yes." if yes else "No.", RELATION_QTYPE, about=a, ref=b))
     return out
 
 
@@ -396,7 +396,7 @@ def typed_scene(rng: random.Random) -> Scene:
     qas += rng.sample(relations, min(MAX_RELATIONS, len(relations)))
     if rng.random() < FOREIGN_SHARE:
         qas.append(QA(foreign_question(rng), scenes.CANNOT_TELL, scenes.OUTSIDE_QTYPE))
-    qas = [QA(retype(qa.question, rng) if rng.random() < RETYPE_SHARE else qa.question, qa.answer, qa.qtype, qa.about)
+    qas = [QA(retype(qa.question, rng) if rng.random() < RETYPE_SHARE else qa.question, qa.answer, qa.qtype, qa.about, qa.ref)
            for qa in qas]
     return Scene([img], [mask], [shapes], bg_name, qas)
 
