@@ -70,12 +70,14 @@ class QuantizedLinear(nn.Module):
             self.weight_q = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, self.in_features)
         if self.packed is None:
             self.pack()
+        if x.dim() == 2 and self.packed is not None:  # the engine's flat [T, hidden] rows, as they are
+            y = self.kernel(x)
+            return y if y.dtype == x.dtype else y.to(x.dtype)
+        x2 = x.reshape(-1, self.in_features)
         y = self.kernel(x2) if self.packed is not None else self.reference(x2)
-        return y.to(x.dtype).view(*shape[:-1], self.out_features)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def kernel_runs(self) -> bool:
         raise NotImplementedError
@@ -98,7 +100,7 @@ class Int8Linear(QuantizedLinear):
             return super().forward(x)
         packed, comp, scale = self.packed
         y = quant_gemm.int8_linear_quantized(x.q, x.scale, packed, comp, scale, self.bias, x.dtype == torch.bfloat16)
-        return y.to(x.dtype)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def reads_quantized_rows(self) -> bool:
         """Whether forward takes QuantizedRows: the weight packed for the kernel."""
