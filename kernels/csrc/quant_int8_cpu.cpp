@@ -392,13 +392,19 @@ void run_gemm(int isa, const at::Tensor& xq, const at::Tensor& packed, const at:
   const int64_t group_blocks = isa == kIsaVnni ? vnni_tile(M).blocks : kGroupBlocks;
   const int64_t groups = (blocks + group_blocks - 1) / group_blocks;
   const int8_t* x = xq.data_ptr<int8_t>();
-  // the VNNI path reads the activations as u8, q + 128: the sign bit flipped, once per call
-  std::vector<uint8_t> xu_buf;
+  // the VNNI path reads the activations as u8, q + 128: the sign bit flipped, once per call; decode
+  // rows into a buffer the calling thread keeps (no allocation per call), prefill rows into their own
+  constexpr size_t kKeptBytes = size_t{1} << 20;
+  static thread_local std::vector<uint8_t> kept;
+  std::vector<uint8_t> own;
+  uint8_t* xu = nullptr;
   if (isa == kIsaVnni) {
-    xu_buf.resize(xq.numel());
-    flip_signs(x, xq.numel(), xu_buf.data());
+    const size_t n = static_cast<size_t>(xq.numel());
+    std::vector<uint8_t>& buf = n <= kKeptBytes ? kept : own;
+    if (buf.size() < n) buf.resize(n);
+    xu = buf.data();
+    flip_signs(x, xq.numel(), xu);
   }
-  const uint8_t* xu = isa == kIsaVnni ? xu_buf.data() : nullptr;
   const int8_t* w = packed.data_ptr<int8_t>();
   const int32_t* c = comp.data_ptr<int32_t>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {

@@ -124,6 +124,13 @@ class Int8Linear(QuantizedLinear):
 class Int4Linear(QuantizedLinear):
     """W4A16: int4 groups along the input, symmetric or with zero points; the input stays float."""
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        packed = self.packed
+        if packed is not None and x.dim() == 2 and x.shape[0] < INT4_PREFILL_ROWS:  # decode rows: the kernel at once
+            y = quant_gemm.int4_decode(x, packed[0], packed[1], self.bias, self.out_features)
+            return y if y.dtype == x.dtype else y.to(x.dtype)
+        return super().forward(x)
+
     def kernel_runs(self) -> bool:
         return quant_gemm.int4_supported()
 
