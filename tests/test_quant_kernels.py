@@ -6,7 +6,7 @@ import torch
 
 from vlserve.kernels import quant_gemm
 
-# shapes: edges of every block size (rows 1-8 cross the VNNI 6-row x 4-block tile, 9-32 the 8 x 3 one
+# shapes: edges of every block size (rows 1-6 cross the VNNI 6-row x 4-block tile, 7-32 the 8 x 3 one
 # and AVX2's 4-row blocks; N not a multiple of 16, 48 or 64; K not a multiple of 4) and a decode-sized layer
 INT8_SHAPES = [(1, 64, 16), (5, 70, 33), (7, 130, 100), (8, 96, 80), (9, 130, 100), (13, 64, 257),
                (32, 512, 384)]
