@@ -64,10 +64,13 @@ class QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.scheme.name}"
 
     def pack(self) -> None:
-        """Packs the weight for the kernel (where it runs here) and lets the unpacked values go."""
+        """Packs the weight for the kernel (where it runs here) and lets the unpacked values go; the
+        bias becomes fp32, as the kernels' epilogues read it (not converted at every call)."""
         if self.packed is None and self.kernel_runs():
             self.packed = self.pack_weight(self.weight_q)
             self.weight_q = None
+            if self.bias is not None:
+                self.bias = self.bias.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
