@@ -67,11 +67,18 @@ def build_error() -> str | None:
     return _loaded.get("error")
 
 
-def _ops(namespace: str):
-    """torch.ops.<namespace>, the extension built and loaded first."""
-    if not available():
-        raise RuntimeError(f"the quantized CPU GEMMs could not be built here: {build_error()}")
-    return getattr(torch.ops, namespace)
+_resolved: dict[tuple[str, str], object] = {}  # (namespace, name) -> the op's default overload
+
+
+def _op(namespace: str, name: str):
+    """torch.ops.<namespace>.<name>.default, the extension built and loaded first; resolved once (a
+    decode step calls these ops dozens of times; the lookup through torch.ops took ~0.3 us a call)."""
+    op = _resolved.get((namespace, name))
+    if op is None:
+        if not available():
+            raise RuntimeError(f"the quantized CPU GEMMs could not be built here: {build_error()}")
+        op = _resolved[(namespace, name)] = getattr(getattr(torch.ops, namespace), name).default
+    return op
 
 
 def int8_isa() -> int:
@@ -88,31 +95,31 @@ def int4_supported() -> bool:
 
 def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 [N, K] -> (packed [N/16, K/4, 16, 4] int8, comp [N/16·16] int32 = 128 · Σ_k w)."""
-    return _ops("vlserve_int8").pack_int8(weight)
+    return _op("vlserve_int8", "pack_int8")(weight)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, K] fp32 or bf16 (read as it is) -> (int8 [M, K rounded up to 4], zero padded; fp32 scale [M])."""
-    return _ops("vlserve_int8").quantize_rows(x)
+    return _op("vlserve_int8", "quantize_rows")(x)
 
 
 def int8_gemm_int32(xq: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor, n: int, isa: int = -1) -> torch.Tensor:
     """The exact int32 sums xq · wᵀ (the GEMM's integer part alone)."""
-    return _ops("vlserve_int8").int8_gemm_int32(xq, packed, comp, n, isa)
+    return _op("vlserve_int8", "int8_gemm_int32")(xq, packed, comp, n, isa)
 
 
 def int8_linear(x: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor, w_scale: torch.Tensor,
                 bias: torch.Tensor | None, isa: int = -1) -> torch.Tensor:
     """[M, K] float -> [M, N]: x quantized per row, the int8 GEMM, x_scale · w_scale (+ bias) in fp32;
     bf16 out (rounded once) for a bf16 x, else fp32."""
-    return _ops("vlserve_int8").int8_linear(x, packed, comp, w_scale, bias, isa)
+    return _op("vlserve_int8", "int8_linear")(x, packed, comp, w_scale, bias, isa)
 
 
 def int8_linear_quantized(xq: torch.Tensor, x_scale: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor,
                           w_scale: torch.Tensor, bias: torch.Tensor | None, bf16: bool, isa: int = -1) -> torch.Tensor:
     """int8_linear on rows already quantized (quantize_rows, or a norm that quantized its output:
     fused.py's rms_norm_quant); bf16 out where `bf16`, else fp32."""
-    return _ops("vlserve_int8").int8_linear_quantized(xq, x_scale, packed, comp, w_scale, bias, bf16, isa)
+    return _op("vlserve_int8", "int8_linear_quantized")(xq, x_scale, packed, comp, w_scale, bias, bf16, isa)
 
 
 def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,19 +145,19 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -
     int32 words of eight q + 8, elements 2j and 2j + 1 at bits 4j and 16 + 4j, each four blocks of 16
     columns interleaved step by step; [N/16, K/G, 2, 16] fp32 of scale and scale · (8 + zero), or with
     no zero points [N/16, K/G, 1, 16] of scale alone)."""
-    return _ops("vlserve_int4").pack_int4(q, scale, zero)
+    return _op("vlserve_int4", "pack_int4")(q, scale, zero)
 
 
 def int4_decode(x: torch.Tensor, packed: torch.Tensor, sc: torch.Tensor, bias: torch.Tensor | None,
                 n: int) -> torch.Tensor:
     """[M, K] -> [M, N], unpacked and scaled in registers (decode rows): bf16 (rounded once) for a bf16
     x where the CPU has AVX512-BF16, else fp32."""
-    return _ops("vlserve_int4").decode_int4(x, packed, sc, bias, n)
+    return _op("vlserve_int4", "decode_int4")(x, packed, sc, bias, n)
 
 
 def int4_dequantize(packed: torch.Tensor, sc: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
     """The packed weight as a [N, K] matrix of `dtype` (prefill rows run BLAS on it)."""
-    return _ops("vlserve_int4").dequantize_int4(packed, sc, n, dtype)
+    return _op("vlserve_int4", "dequantize_int4")(packed, sc, n, dtype)
 
 
 def int4_dequantize_ref(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch
 
 from vlserve.kernels import quant_gemm
 
-# shapes: edges of every block size (rows 1-8 cross the VNNI 6-row x 4-block tile, 9-32 the 8 x 3 one
+# shapes: edges of every block size (rows 1-6 cross the VNNI 6-row x 4-block tile, 7-32 the 8 x 3 one
 # and AVX2's 4-row blocks; N not a multiple of 16, 48 or 64; K not a multiple of 4) and a decode-sized layer
 INT8_SHAPES = [(1, 64, 16), (5, 70, 33), (7, 130, 100), (8, 96, 80), (9, 130, 100), (13, 64, 257),
                (32, 512, 384)]
@@ -164,6 +164,22 @@ def test_norm_quant_gives_the_bytes_of_quantizing_the_norm_output(built, fused, 
     q_ref, scale_ref = quant_gemm.quantize_rows(h)
     assert torch.equal(stream, stream_ref) and torch.equal(q, q_ref) and torch.equal(scale, scale_ref)
     assert torch.equal(q[:, :width], quant_gemm.quantize_rows_ref(h)[0])  # compressed-tensors' rounding
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("inner", [70, 1537, 4096], ids=str)
+def test_silu_mul_quant_gives_the_bytes_of_quantizing_silu_mul(built, fused, inner, dtype):
+    """silu_mul_quant = quantize_rows of silu_mul's output, exactly (scales too); 9 rows of 4096 are
+    two tasks where two threads run."""
+    g = torch.Generator().manual_seed(inner)
+    gate_up = (torch.randn(9, 2 * inner, generator=g) * 3).to(dtype)
+    gate_up[4] = 0  # an all-zero row: zero codes, the epsilon scale
+    q, scale = fused.silu_mul_quant(gate_up)
+    q_ref, scale_ref = quant_gemm.quantize_rows(fused.silu_mul(gate_up))
+    assert q.shape == (9, (inner + 3) // 4 * 4) and torch.equal(q, q_ref) and torch.equal(scale, scale_ref)
+    assert torch.equal(q[:, :inner], quant_gemm.quantize_rows_ref(fused.silu_mul(gate_up))[0])
+    with pytest.raises(RuntimeError, match="even"):
+        fused.silu_mul_quant(gate_up[:, :5])
 
 
 def test_norm_quant_rounds_ties_to_even(built, fused):

@@ -144,8 +144,9 @@ def test_logits_match_transformers_on_the_compressed_checkpoint(case):
 
 
 def test_w8a8_norms_quantize_for_the_projections_after_them(quantized, monkeypatch):
-    """q/k/v and gate/up read the int8 rows their RMSNorm wrote (one quantization, in the norm's pass):
-    the logits are exactly those of every layer quantizing its own float input."""
+    """q/k/v and gate/up read the int8 rows their RMSNorm wrote, down_proj those SiLU * up wrote (one
+    quantization, in the pass before): the logits are exactly those of every layer quantizing its own
+    float input."""
     out, reqs, ref = quantized["w8a8-llama"]
     batch = [(r["ids"], 0 if r["pixel_values"] is None else r["pixel_values"].shape[0]) for r in reqs]
     inputs = []  # per Int8Linear call: whether its input came quantized
@@ -160,7 +161,7 @@ def test_w8a8_norms_quantize_for_the_projections_after_them(quantized, monkeypat
                               lambda step, _: [int(r[step].argmax()) for r in ref["logits"]])
 
     fused = logits()
-    assert inputs and inputs.count(True) == inputs.count(False)  # qkv, gate_up: rows; o, down: float
+    assert inputs and inputs.count(True) == 3 * inputs.count(False)  # qkv, gate_up, down: rows; o: float
     inputs.clear()
     monkeypatch.setattr(Int8Linear, "reads_quantized_rows", lambda self: False)
     apart = logits()

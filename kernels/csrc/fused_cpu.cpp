@@ -1,8 +1,8 @@
 // The decoder layer's elementwise steps, each one pass over memory in one parallel region: RMSNorm
 // (with the residual add before it fused in), SiLU(gate) * up, rotary embedding in place, and the
-// new tokens' K and V stored into the paged pool. Before W8A8 projections the norm's output leaves as
-// int8 rows and per-row scales instead (rms_norm_quant): one quantization per shared input, no pass
-// over a float copy.
+// new tokens' K and V stored into the paged pool. Before W8A8 projections the norm's output, and
+// SiLU * up's before a W8A8 down_proj, leave as int8 rows and per-row scales instead (rms_norm_quant,
+// silu_mul_quant): one quantization per shared input, no pass over a float copy.
 // Eager PyTorch runs them as 4-10 separate ops each (a pass and a thread barrier apiece), which
 // measured 5% of a prefill layer on one thread and up to 18% on two threads of a loaded machine.
 //
@@ -223,39 +223,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_quant(const at::Tens
   return {sum, q, scale};
 }
 
-// out[t, i] = round(round(silu(g)) * u) with g = gate_up[t, i], u = gate_up[t, I + i].
+// o[i] = round(round(silu(g[i])) * u[i]) for one row of I.
 template <typename T>
-void silu_mul_rows(const T* gu, T* out, int64_t rows, int64_t I) {
-  at::parallel_for(0, rows, grain(I), [&](int64_t begin, int64_t end) {
+void silu_mul_row(const T* g, const T* u, T* o, int64_t I) {
+  int64_t i = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    for (; i + kLanes <= I; i += kLanes) {
+      const vf gv = loadu(g + i);
+      storeu(o + i, gv / (1.0f + vexp(-gv)) * loadu(u + i));
+    }
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {  // the scalar tail's arithmetic, per lane
+    for (; i + kLanes <= I; i += kLanes) {
+      const vf gv = load16(g + i);
+      store16(o + i, through_bf16(gv / (1.0f + vexp(-gv))) * load16(u + i));
+    }
+  }
+  for (; i < I; ++i) {
+    const float gi = f32(g[i]);
+    o[i] = static_cast<T>(round_to<T>(gi / (1.0f + exp_scalar(-gi))) * f32(u[i]));
+  }
+}
+
+// Rows per task of SiLU * mul: ~32K outputs. Its exp and division cost ~0.6 ns an output on one Zen 5
+// thread, ten times a norm's, so a task of grain()'s 128K would keep a 32-row decode batch on one
+// thread for ~80 us a layer; 32K makes a task ~20 us, past the cost of waking the second thread.
+inline int64_t silu_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, width)); }
+
+// out[t, i] = round(round(silu(g)) * u) with g = gate_up[t, i], u = gate_up[t, I + i]; with quant.q
+// set, out[t] is a row of scratch and what leaves is its int8 quantization (for a W8A8 down_proj).
+template <typename T>
+void silu_mul_rows(const T* gu, T* out, int64_t rows, int64_t I, const QuantOut& quant = QuantOut()) {
+  at::parallel_for(0, rows, silu_grain(I), [&](int64_t begin, int64_t end) {
+    std::vector<T> scratch(quant.q != nullptr ? I : 0);
     for (int64_t t = begin; t < end; ++t) {
-      const T* g = gu + t * 2 * I;
-      const T* u = g + I;
-      T* o = out + t * I;
-      int64_t i = 0;
-      if constexpr (std::is_same_v<T, float>) {
-        for (; i + kLanes <= I; i += kLanes) {
-          const vf gv = loadu(g + i);
-          storeu(o + i, gv / (1.0f + vexp(-gv)) * loadu(u + i));
-        }
-      } else if constexpr (std::is_same_v<T, c10::BFloat16>) {  // the scalar tail's arithmetic, per lane
-        for (; i + kLanes <= I; i += kLanes) {
-          const vf gv = load16(g + i);
-          store16(o + i, through_bf16(gv / (1.0f + vexp(-gv))) * load16(u + i));
-        }
-      }
-      for (; i < I; ++i) {
-        const float gi = f32(g[i]);
-        o[i] = static_cast<T>(round_to<T>(gi / (1.0f + exp_scalar(-gi))) * f32(u[i]));
-      }
+      T* o = quant.q != nullptr ? scratch.data() : out + t * I;
+      silu_mul_row(gu + t * 2 * I, gu + t * 2 * I + I, o, I);
+      if (quant.q != nullptr) quant.scale[t] = quantize_row(o, I, quant.q + t * quant.ldq);
     }
   });
 }
 
+at::Tensor check_gate_up(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.device().is_cpu(), "silu_mul runs on CPU tensors");
+  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "silu_mul: last dimension must be even, got ",
+              gate_up.sizes());
+  return gate_up.contiguous();
+}
+
 at::Tensor silu_mul(const at::Tensor& gate_up_in) {
-  TORCH_CHECK(gate_up_in.device().is_cpu(), "silu_mul runs on CPU tensors");
-  TORCH_CHECK(gate_up_in.dim() >= 1 && gate_up_in.size(-1) % 2 == 0, "silu_mul: last dimension must be even, got ",
-              gate_up_in.sizes());
-  const at::Tensor gu = gate_up_in.contiguous();
+  const at::Tensor gu = check_gate_up(gate_up_in);
   const int64_t I = gu.size(-1) / 2, rows = gu.numel() / std::max<int64_t>(1, 2 * I);
   std::vector<int64_t> shape(gu.sizes().begin(), gu.sizes().end());
   shape.back() = I;
@@ -264,6 +280,19 @@ at::Tensor silu_mul(const at::Tensor& gate_up_in) {
     silu_mul_rows<scalar_t>(gu.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, I);
   });
   return out;
+}
+
+// silu_mul of [T, 2I], its output quantized per row for a W8A8 down_proj: (q [T, I rounded up to 4] int8,
+// scale [T]), the bytes of quantize_rows(silu_mul(gate_up)).
+std::tuple<at::Tensor, at::Tensor> silu_mul_quant(const at::Tensor& gate_up_in) {
+  const at::Tensor gu = check_gate_up(gate_up_in);
+  TORCH_CHECK(gu.dim() == 2, "silu_mul_quant: gate_up must be [T, 2I], got ", gu.sizes());
+  const int64_t I = gu.size(1) / 2;
+  auto [q, scale, quant] = quant_out(gu.narrow(1, 0, I));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gu.scalar_type(), "silu_mul_quant", [&] {
+    silu_mul_rows<scalar_t>(gu.data_ptr<scalar_t>(), nullptr, gu.size(0), I, quant);
+  });
+  return {q, scale};
 }
 
 // x[t, h] = round(round(x * cos[t]) + round(rotate_half(x) * sin[t])), in place (GPT-NeoX halves).
@@ -374,6 +403,7 @@ TORCH_LIBRARY(vlserve_fused, m) {
   m.def("rms_norm_quant(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("add_rms_norm_quant(Tensor x, Tensor a, Tensor weight, float eps) -> (Tensor, Tensor, Tensor)");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("silu_mul_quant(Tensor gate_up) -> (Tensor, Tensor)");
   m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
   m.def("store_kv(Tensor(a!) k_buffer, Tensor(b!) v_buffer, Tensor slots, Tensor k, Tensor v) -> ()");
 }
@@ -384,6 +414,7 @@ TORCH_LIBRARY_IMPL(vlserve_fused, CPU, m) {
   m.impl("rms_norm_quant", &rms_norm_quant);
   m.impl("add_rms_norm_quant", &add_rms_norm_quant);
   m.impl("silu_mul", &silu_mul);
+  m.impl("silu_mul_quant", &silu_mul_quant);
   m.impl("rotary_", &rotary_);
   m.impl("store_kv", &store_kv);
 }

@@ -279,15 +279,27 @@ void run_int4(const Int4Args<T>& a, int64_t M, int64_t blocks) {
   });
 }
 
-// Σ x over each group of each row, in fp32, of the values the kernel multiplies.
+VLSERVE_AVX512 inline __m512 widen16(const float* p) { return _mm512_loadu_ps(p); }
+
+VLSERVE_AVX512 inline __m512 widen16(const at::BFloat16* p) {  // bf16 is the top half of an fp32
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Σ x over each group of each row, in fp32, of the values the kernel multiplies: sixteen lanes at a
+// time (a scalar chain of adds took ~4 us a 4096-wide row, 3% of a batch-1 decode step).
 template <typename T>
-at::Tensor group_sums(const T* x, int64_t M, int64_t K, int64_t groups) {
+VLSERVE_AVX512 at::Tensor group_sums(const T* x, int64_t M, int64_t K, int64_t groups) {
   at::Tensor sums = at::empty({M, groups}, at::TensorOptions().dtype(at::kFloat));
   float* out = sums.data_ptr<float>();
   const int64_t G = K / groups;
   for (int64_t i = 0; i < M * groups; ++i) {
-    float t = 0.f;
-    for (int64_t k = 0; k < G; ++k) t += static_cast<float>(x[i * G + k]);
+    const T* row = x + i * G;
+    __m512 acc = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= G; k += 16) acc = _mm512_add_ps(acc, widen16(row + k));
+    float t = _mm512_reduce_add_ps(acc);
+    for (; k < G; ++k) t += static_cast<float>(row[k]);
     out[i] = t;
   }
   return sums;

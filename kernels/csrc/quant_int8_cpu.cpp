@@ -11,13 +11,14 @@
 //   products into one int32 lane. Activations are signed, so each broadcast x word is XORed with
 //   0x80808080 (q + 128, as u8) and the surplus 128 · Σ_k w[n][k] (comp, computed at packing) is
 //   taken off the sums. Register tile by the call's rows (vnni_tile): 6 rows x 4 column blocks up to
-//   8 rows, 8 rows x 3 blocks from 9 (24 accumulators of 32 registers either way).
+//   6 rows, 8 rows x 3 blocks from 7 (24 accumulators of 32 registers either way).
 // - AVX2: each 8-column half of a block's step (32 bytes) is sign-extended to int16 and multiplied
 //   by x's four int16 values with vpmaddwd (exact: no saturation, unlike vpmaddubsw), two int32
 //   lanes per column folded at the end. Register block: 4 rows x 8 columns.
 // Threads split the column groups (the tile's blocks; 4 on AVX2); within one, row blocks pass over the
-// group's weights (48-64 x K bytes, held in L2). A group's first pass fetches its own lines 1 KB ahead
-// into L1 (the hardware prefetcher alone ran 1-8 rows ~20% slower). Where there are two passes or
+// group's weights (48-64 x K bytes, held in L2). A group's first pass fetches its own lines ahead into
+// L1, 1 KB on the 6-row tile, 2 KB on the 8-row one (the hardware prefetcher alone ran 1-8 rows ~20%
+// slower). Where there are two passes or
 // more, they also fetch the thread's next group into L2 (Ahead), spread over the passes, so that its
 // first pass finds it there (as decode_gemm_cpu.cpp does for bf16).
 
@@ -39,7 +40,10 @@ namespace {
 
 constexpr int64_t kCols = 16;       // output columns per packed block
 constexpr int64_t kGroupBlocks = 4;  // blocks per thread task on AVX2 (64 columns)
-constexpr int64_t kStreamSteps = 16;  // a first pass fetches its blocks' lines this many steps (1 KB) ahead
+// a first pass fetches its blocks' lines this many steps ahead: 1 KB on the 6-row tile, 2 KB on the 8-row
+// one, whose 8 rows take longer over each line (measured: 1 KB ahead 4% slower at 8 rows, 2 KB 1% slower
+// at 1 row)
+constexpr int64_t stream_steps(int rows) { return rows > 6 ? 32 : 16; }
 constexpr int kIsaAvx2 = 1, kIsaVnni = 2;
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
@@ -248,7 +252,7 @@ VLSERVE_VNNI void block_vnni(const uint8_t* xu, int64_t ldx, const int8_t* packe
     }
     if (stream) {
       _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c)
-        _mm_prefetch(reinterpret_cast<const char*>(w0 + (c * steps + s + kStreamSteps) * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w0 + (c * steps + s + stream_steps(R)) * 64), _MM_HINT_T0);
     }
     __m512i w[C];
     _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) w[c] = _mm512_loadu_si512(w0 + (c * steps + s) * 64);
@@ -303,15 +307,16 @@ VLSERVE_AVX2 void block_avx2(const int8_t* xq, int64_t ldx, const int8_t* packed
 }
 
 // The VNNI register tile: rows per pass and blocks (16 columns each) per column group, chosen by the
-// call's rows. Up to 8 rows: 6 x 4 (24 accumulators; 7-8 rows take a second pass, from L2). From 9
-// rows: 8 x 3, whose passes load each weight vector for 8 rows instead of 6 (measured on Zen 5, 2
-// threads, a 200 MB model's layers: 6 x 4 the faster at 1 and 8 rows, 8 x 3 by 12% at 32).
+// call's rows. Up to 6 rows: 6 x 4 (24 accumulators). From 7 rows: 8 x 3, whose passes load each
+// weight vector for 8 rows instead of 6, and 7-8 rows are one pass over the weights, not a 6-row pass
+// from memory and a second from L2 (measured on Zen 5, 2 threads, the 32 int8 layers of
+// QUANT_BENCH_SPEC's decode step: at 8 rows 4.67 ms against 6 x 4's 5.05, at 32 rows 8 x 3 by 12%).
 struct VnniTile {
   int rows;
   int64_t blocks;
 };
 
-VnniTile vnni_tile(int64_t M) { return M <= 8 ? VnniTile{6, 4} : VnniTile{8, 3}; }
+VnniTile vnni_tile(int64_t M) { return M <= 6 ? VnniTile{6, 4} : VnniTile{8, 3}; }
 
 template <int R, int CMax>
 void vnni_rows(const uint8_t* xq, int64_t ldx, const int8_t* packed, const int32_t* comp, int64_t steps, int64_t m0,
@@ -392,13 +397,19 @@ void run_gemm(int isa, const at::Tensor& xq, const at::Tensor& packed, const at:
   const int64_t group_blocks = isa == kIsaVnni ? vnni_tile(M).blocks : kGroupBlocks;
   const int64_t groups = (blocks + group_blocks - 1) / group_blocks;
   const int8_t* x = xq.data_ptr<int8_t>();
-  // the VNNI path reads the activations as u8, q + 128: the sign bit flipped, once per call
-  std::vector<uint8_t> xu_buf;
+  // the VNNI path reads the activations as u8, q + 128: the sign bit flipped, once per call; decode
+  // rows into a buffer the calling thread keeps (no allocation per call), prefill rows into their own
+  constexpr size_t kKeptBytes = size_t{1} << 20;
+  static thread_local std::vector<uint8_t> kept;
+  std::vector<uint8_t> own;
+  uint8_t* xu = nullptr;
   if (isa == kIsaVnni) {
-    xu_buf.resize(xq.numel());
-    flip_signs(x, xq.numel(), xu_buf.data());
+    const size_t n = static_cast<size_t>(xq.numel());
+    std::vector<uint8_t>& buf = n <= kKeptBytes ? kept : own;
+    if (buf.size() < n) buf.resize(n);
+    xu = buf.data();
+    flip_signs(x, xq.numel(), xu);
   }
-  const uint8_t* xu = isa == kIsaVnni ? xu_buf.data() : nullptr;
   const int8_t* w = packed.data_ptr<int8_t>();
   const int32_t* c = comp.data_ptr<int32_t>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {

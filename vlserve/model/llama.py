@@ -231,6 +231,9 @@ class MLP(nn.Module):
         if hasattr(self, "gate_up_proj"):
             gate_up = self.gate_up_proj(x)
             op = fused_op(gate_up) if self.fused_ops else None
+            if op is not None and isinstance(self.down_proj, Int8Linear) and self.down_proj.reads_quantized_rows():
+                q, scale = op.silu_mul_quant(gate_up)  # quantized for the W8A8 down_proj in the same pass
+                return self.down_proj(QuantizedRows(q, scale, gate_up.dtype))
             if op is not None:
                 return self.down_proj(op.silu_mul(gate_up))
             gate, up = gate_up.chunk(2, dim=-1)

@@ -64,18 +64,23 @@ class QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.scheme.name}"
 
     def pack(self) -> None:
-        """Packs the weight for the kernel (where it runs here) and lets the unpacked values go."""
+        """Packs the weight for the kernel (where it runs here) and lets the unpacked values go; the
+        bias becomes fp32, as the kernels' epilogues read it (not converted at every call)."""
         if self.packed is None and self.kernel_runs():
             self.packed = self.pack_weight(self.weight_q)
             self.weight_q = None
+            if self.bias is not None:
+                self.bias = self.bias.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, self.in_features)
         if self.packed is None:
             self.pack()
+        if x.dim() == 2 and self.packed is not None:  # the engine's flat [T, hidden] rows, as they are
+            y = self.kernel(x)
+            return y if y.dtype == x.dtype else y.to(x.dtype)
+        x2 = x.reshape(-1, self.in_features)
         y = self.kernel(x2) if self.packed is not None else self.reference(x2)
-        return y.to(x.dtype).view(*shape[:-1], self.out_features)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def kernel_runs(self) -> bool:
         raise NotImplementedError
@@ -98,7 +103,7 @@ class Int8Linear(QuantizedLinear):
             return super().forward(x)
         packed, comp, scale = self.packed
         y = quant_gemm.int8_linear_quantized(x.q, x.scale, packed, comp, scale, self.bias, x.dtype == torch.bfloat16)
-        return y.to(x.dtype)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def reads_quantized_rows(self) -> bool:
         """Whether forward takes QuantizedRows: the weight packed for the kernel."""
@@ -121,6 +126,13 @@ class Int8Linear(QuantizedLinear):
 
 class Int4Linear(QuantizedLinear):
     """W4A16: int4 groups along the input, symmetric or with zero points; the input stays float."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        packed = self.packed
+        if packed is not None and x.dim() == 2 and x.shape[0] < INT4_PREFILL_ROWS:  # decode rows: the kernel at once
+            y = quant_gemm.int4_decode(x, packed[0], packed[1], self.bias, self.out_features)
+            return y if y.dtype == x.dtype else y.to(x.dtype)
+        return super().forward(x)
 
     def kernel_runs(self) -> bool:
         return quant_gemm.int4_supported()
