@@ -23,6 +23,7 @@ checkpoints; `samples` here is this wider world's evaluation.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -396,7 +397,7 @@ def typed_scene(rng: random.Random) -> Scene:
     qas += rng.sample(relations, min(MAX_RELATIONS, len(relations)))
     if rng.random() < FOREIGN_SHARE:
         qas.append(QA(foreign_question(rng), scenes.CANNOT_TELL, scenes.OUTSIDE_QTYPE))
-    qas = [QA(retype(qa.question, rng) if rng.random() < RETYPE_SHARE else qa.question, qa.answer, qa.qtype, qa.about, qa.ref)
+    qas = [dataclasses.replace(qa, question=retype(qa.question, rng) if rng.random() < RETYPE_SHARE else qa.question)
            for qa in qas]
     return Scene([img], [mask], [shapes], bg_name, qas)
 
