@@ -433,21 +433,14 @@ inline int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1)
 // 7-11 GB/s of KV a core where this path's arithmetic allows far more.
 constexpr int64_t kDecodeChunk = 256;  // keys per softmax step (scores: rows x 256 floats, in L1/L2)
 
-// Scores of one (pre-scaled) q row against sixteen keys' fp32 rows, lane i = key i. The sixteen
-// keys' sums advance together, a vector of the head at a time: sixteen independent FMA chains. Key by
-// key (each one's NV products a dependent chain of FMA latencies) the compiler kept the loop rolled
-// and the accumulators on the stack: 4x slower, and decode's whole cost at short contexts.
+// Scores of one (pre-scaled) q row against sixteen keys' fp32 rows, lane i = key i.
 template <int NV>
 inline __m512 score16(const float* q, const float* const rows[16]) {
-  __m512 acc[16];
-  __m512 qv = _mm512_loadu_ps(q);
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_mul_ps(qv, _mm512_loadu_ps(rows[i]));
-#pragma GCC unroll 8
-  for (int c = 1; c < NV; ++c) {
-    qv = _mm512_loadu_ps(q + c * 16);
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows[i] + c * 16), acc[i]);
+  __m512 qv[NV], acc[16];
+  for (int c = 0; c < NV; ++c) qv[c] = _mm512_loadu_ps(q + c * 16);
+  for (int i = 0; i < 16; ++i) {
+    acc[i] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(rows[i]));
+    for (int c = 1; c < NV; ++c) acc[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(rows[i] + c * 16), acc[i]);
   }
   return reduce16(acc);
 }
