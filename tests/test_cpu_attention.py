@@ -229,6 +229,27 @@ def test_low_precision_matches_reference(dtype):
     assert rel_err(decode.decode(decode_attention_cpu), decode.decode(decode_attention_ref)) < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_q_read_in_place_from_fused_qkv_rows(dtype, threads):
+    # A layer's q is the leading columns of its fused qkv rows (a view, one token's heads contiguous):
+    # the kernel reads it with its row stride, the same bits as from a contiguous copy.
+    for extend_lens in (None, [40, 1, 9]):
+        batch = random_paged_batch([40, 33, 120], extend_lens, 8, 2, 64, dtype, page_size=1, seed=3)
+        tokens, heads, d = batch.q.shape
+        qkv = torch.full((tokens, (heads + 4) * d), float("nan"), dtype=dtype)
+        qkv[:, :heads * d] = batch.q.reshape(tokens, -1)
+        q_view = qkv[:, :heads * d].view(tokens, heads, d)
+        assert not q_view.is_contiguous()
+        out, out_view = torch.empty_like(batch.q), torch.empty_like(batch.q)
+        args = (batch.k_buffer, batch.v_buffer)
+        rest = (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens, batch.qo_start_loc,
+                batch.sm_scale)
+        extend_attention_cpu(batch.q, *args, out, *rest)
+        extend_attention_cpu(q_view, *args, out_view, *rest, validate=False)
+        assert torch.isfinite(out_view).all()
+        assert torch.equal(out_view, out)
+
+
 def cpu_flags() -> set[str]:
     with open("/proc/cpuinfo") as f:
         return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())

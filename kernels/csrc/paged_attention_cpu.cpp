@@ -152,6 +152,7 @@ struct RowStates {
 
 struct Problem {
   int64_t num_q_heads, num_kv_heads, group, head_dim, slot_stride;  // slot_stride = num_kv_heads * D
+  int64_t q_token_stride;  // q's elements from one token to the next (a view of a fused qkv row: wider)
   const int32_t* req_to_token;
   int64_t table_width;
   const int64_t *rows, *seq_lens, *extend_lens, *starts;
@@ -858,9 +859,13 @@ void run_keys(const Item& it, const Problem& pb, const T* k_buffer, const T* v_b
 template <typename T>
 void load_row(const Problem& pb, const T* q, int64_t token, int64_t head, int64_t row, int64_t visible, Scratch& sc) {
   const int64_t D = pb.head_dim;
-  const T* src = q + (token * pb.num_q_heads + head) * D;
+  const T* src = q + token * pb.q_token_stride + head * D;
   float* dst = sc.q.data() + row * D;
-  for (int64_t d = 0; d < D; ++d) dst[d] = to_float(src[d]) * pb.sm_scale;
+  int64_t d = 0;
+  if constexpr (!std::is_same_v<T, c10::Half>) {
+    for (; d + kLanes <= D; d += kLanes) storeu(dst + d, load16(src + d) * pb.sm_scale);
+  }
+  for (; d < D; ++d) dst[d] = to_float(src[d]) * pb.sm_scale;
   std::fill(sc.out.data() + row * D, sc.out.data() + (row + 1) * D, 0.0f);
   sc.row_max[row] = -std::numeric_limits<float>::infinity();
   sc.row_sum[row] = 0.0f;
@@ -920,7 +925,11 @@ void run_item(const Item& it, const Problem& pb, const T* q, const T* k_buffer, 
     T* dst = o + (token * pb.num_q_heads + head) * D;
     const float inv = 1.0f / sc.row_sum[row];
     const float* src = sc.out.data() + row * D;
-    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(src[d] * inv);
+    int64_t d = 0;
+    if constexpr (!std::is_same_v<T, c10::Half>) {
+      for (; d + kLanes <= D; d += kLanes) store16(dst + d, loadu(src + d) * inv);
+    }
+    for (; d < D; ++d) dst[d] = static_cast<T>(src[d] * inv);
   }
 }
 
@@ -930,9 +939,11 @@ inline int64_t gemm_block_tokens(int64_t group) {
   return std::max<int64_t>(kGemmQueryBlock, (kGemmItemRows + group - 1) / group);
 }
 
-// Items are pulled, longest first, from a shared counter by one task per thread.
-template <typename Work>
-void pull_items(int64_t count, const Problem& pb, const Work& work) {
+// Items are pulled, longest first, from a shared counter by one task per thread. A thread claims
+// its next item before running the current one and `ahead(next)` asks for that item's first keys
+// while this one runs.
+template <typename Work, typename Ahead>
+void pull_items(int64_t count, const Problem& pb, const Work& work, const Ahead& ahead) {
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), count);
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
@@ -944,9 +955,35 @@ void pull_items(int64_t count, const Problem& pb, const Work& work) {
                          kMaxSharedMembers * pb.group}),
                pb.head_dim);
     for (int64_t w = begin; w < end; ++w) {
-      for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) work(i, sc);
+      for (int64_t i = next.fetch_add(1); i < count;) {
+        const int64_t following = next.fetch_add(1);
+        if (following < count) ahead(following);
+        work(i, sc);
+        i = following;
+      }
     }
   });
+}
+
+template <typename Work>
+void pull_items(int64_t count, const Problem& pb, const Work& work) {
+  pull_items(count, pb, work, [](int64_t) {});
+}
+
+// The pool rows of an item's first keys (all of its kv heads), asked for into L2 before the item
+// runs: a decode item of a short request reads a few dozen scattered slots, and without this its
+// first keys were all misses waited for in turn (the item's own fetching runs a block of keys ahead,
+// so only the first block is not covered).
+constexpr int64_t kAheadKeys = 16;
+
+template <typename T>
+void prefetch_item(const Item& it, const Problem& pb, const T* k_buffer, const T* v_buffer) {
+  const int64_t num_keys = pb.causal ? pb.seq_lens[it.req] - pb.extend_lens[it.req] + it.first + it.count
+                                     : pb.seq_lens[it.req];
+  const int32_t* slots = pb.req_to_token + pb.rows[it.req] * pb.table_width;
+  const int64_t end = std::min(num_keys, it.key_begin + kAheadKeys), head0 = it.kv_head * pb.head_dim;
+  prefetch_rows(k_buffer, slots, it.key_begin, end, pb.slot_stride, head0, it.heads * pb.head_dim);
+  prefetch_rows(v_buffer, slots, it.key_begin, end, pb.slot_stride, head0, it.heads * pb.head_dim);
 }
 
 template <typename T>
@@ -967,8 +1004,10 @@ void run_all(const std::vector<Item>& items, const std::vector<SharedGroup>& gro
       run_shared<T>(groups[i / pb.num_kv_heads], i % pb.num_kv_heads, pb, qp, kp, vp, sc, states);
     });
   }
-  pull_items(static_cast<int64_t>(items.size()), pb,
-             [&](int64_t i, Scratch& sc) { run_item<T>(items[i], pb, qp, kp, vp, op, sc, states); });
+  pull_items(
+      static_cast<int64_t>(items.size()), pb,
+      [&](int64_t i, Scratch& sc) { run_item<T>(items[i], pb, qp, kp, vp, op, sc, states); },
+      [&](int64_t i) { prefetch_item<T>(items[i], pb, kp, vp); });
 }
 
 // Every index the kernel will follow is checked first: a bad one must raise, never read out of bounds.
@@ -1127,8 +1166,10 @@ void paged_attention(const at::Tensor& q_in, const at::Tensor& k_buffer, const a
               "num_q_heads must be a multiple of num_kv_heads");
   const int64_t batch = req_pool_indices.numel();
   const Tables tables(req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start_loc);
-  const at::Tensor q = q_in.contiguous();
+  // q may be the leading columns of a fused qkv projection's rows: read in place, heads contiguous
+  const at::Tensor q = q_in.stride(2) == 1 && q_in.stride(1) == q_in.size(2) ? q_in : q_in.contiguous();
   Problem pb;
+  pb.q_token_stride = q.stride(0);
   pb.num_q_heads = q.size(1);
   pb.num_kv_heads = k_buffer.size(1);
   pb.group = pb.num_q_heads / pb.num_kv_heads;

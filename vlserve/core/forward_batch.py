@@ -77,29 +77,30 @@ class ForwardBatch:
 
 def build_forward_batch(slices: list[ExtendSlice], req_to_token: torch.Tensor, vocab_size: int,
                         device: str | torch.device = "cpu") -> ForwardBatch:
-    decode = all(len(s.ids) == 1 for s in slices)
+    # The index lists are built in Python and each becomes a tensor in one call: per-slice aranges,
+    # cats and elementwise ops cost a few us each, 30 us a decode step at batch 1 and 130 at batch 32.
     lens = [len(s.ids) for s in slices]
-    starts = torch.tensor([0] + lens[:-1], dtype=torch.int64).cumsum(0)
-    ids = torch.tensor([i for s in slices for i in s.ids], dtype=torch.int64)
+    starts = list(accumulate(lens[:-1], initial=0))
+    # pseudo-token ids (image positions) never reach the embedding
+    ids = torch.tensor([i if 0 <= i < vocab_size else 0 for s in slices for i in s.ids], dtype=torch.int64)
     image_mask = None
     embeds = [s.image_embeds for s in slices if s.image_rows]
     if embeds:
         image_mask = torch.zeros(len(ids), dtype=torch.bool)
-        for s, start in zip(slices, starts.tolist()):
+        for s, start in zip(slices, starts):
             image_mask[[start + r for r in s.image_rows]] = True
-    ids = torch.where((ids >= vocab_size) | (ids < 0), 0, ids)  # pseudo-token ids never reach the embedding
     positions = _positions(slices, lens)
     layout = LogitsLayout.of(slices)
-    logits_rows = torch.cat([torch.arange(start + n - k, start + n)
-                             for start, n, k in zip(starts.tolist(), lens, layout.counts)])
+    logits_rows = [r for start, n, k in zip(starts, lens, layout.counts) for r in range(start + n - k, start + n)]
     return ForwardBatch(
-        mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
+        mode=ForwardMode.DECODE if all(n == 1 for n in lens) else ForwardMode.EXTEND,
         input_ids=ids.to(device), positions=positions.to(device),
-        out_cache_loc=torch.cat([s.slots for s in slices]).to(device),
+        out_cache_loc=(slices[0].slots if len(slices) == 1 else torch.cat([s.slots for s in slices])).to(device),
         req_pool_indices=torch.tensor([s.req_row for s in slices], dtype=torch.int64, device=device),
         seq_lens=torch.tensor([s.prefix_len + n for s, n in zip(slices, lens)], dtype=torch.int64, device=device),
         extend_lens=torch.tensor(lens, dtype=torch.int64, device=device),
-        qo_start_loc=starts.to(device), req_to_token=req_to_token, logits_rows=logits_rows.to(device),
+        qo_start_loc=torch.tensor(starts, dtype=torch.int64, device=device), req_to_token=req_to_token,
+        logits_rows=torch.tensor(logits_rows, dtype=torch.int64, device=device),
         image_mask=None if image_mask is None else image_mask.to(device),
         image_embeds=None if not embeds else torch.cat(embeds).to(device), layout=layout)
 
@@ -107,8 +108,9 @@ def build_forward_batch(slices: list[ExtendSlice], req_to_token: torch.Tensor, v
 def _positions(slices: list[ExtendSlice], lens: list[int]) -> torch.Tensor:
     """Token indices [T]; [3, T] as soon as one slice carries M-RoPE positions (the others' indices
     repeated on the three axes, which is what M-RoPE gives a text-only request)."""
-    indices = [torch.arange(s.prefix_len, s.prefix_len + n) for s, n in zip(slices, lens)]
     if all(s.mrope_positions is None for s in slices):
-        return torch.cat(indices)
+        return torch.tensor([p for s, n in zip(slices, lens) for p in range(s.prefix_len, s.prefix_len + n)],
+                            dtype=torch.int64)
+    indices = [torch.arange(s.prefix_len, s.prefix_len + n) for s, n in zip(slices, lens)]
     return torch.cat([i.expand(3, -1) if s.mrope_positions is None else s.mrope_positions
                       for s, i in zip(slices, indices)], dim=1)

@@ -7,6 +7,8 @@ built. `reference` runs the per-request PyTorch references (for comparisons); `t
 paged Triton kernels.
 """
 
+import functools
+
 import torch
 
 from vlserve.core.forward_batch import ForwardBatch, ForwardMode
@@ -23,7 +25,9 @@ class AttentionBackend:
             # one kernel for both modes: a decode batch is an extend of one token per request, and
             # the batch already holds those lengths and starts (decode_attention_cpu would build
             # them again, twice a layer)
-            self._decode, self._extend = None, cpu_attention.extend_attention_cpu
+            # (the batch's tensors are the engine's own: the kernel's checks stand, the Python ones are skipped)
+            self._decode = None
+            self._extend = functools.partial(cpu_attention.extend_attention_cpu, validate=False)
         elif name == "reference":
             self._decode, self._extend = kernels.decode_attention_ref, kernels.extend_attention_ref
         elif name == "triton":

@@ -27,19 +27,19 @@ class RMSNorm(nn.Module):
         self.fused_ops = True  # KernelConfig.fused_ops: off, the eager PyTorch below
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        op = self._fused(x)
+        op, weight = self._fused(x)
         if op is not None:
-            return op.rms_norm(x, self.weight, self.eps)
+            return op.rms_norm(x, weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return weight * x.to(dtype)
 
     def add_and_norm(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + a, self(x + a)): the residual add and the norm after it, one pass where fused."""
-        op = self._fused(x)
+        op, weight = self._fused(x)
         if op is not None and a.shape == x.shape and a.dtype == x.dtype:
-            return op.add_rms_norm(x, a, self.weight, self.eps)
+            return op.add_rms_norm(x, a, weight, self.eps)
         x = x + a
         return x, self(x)
 
@@ -47,21 +47,23 @@ class RMSNorm(nn.Module):
         """For a W8A8 projection after the norm: (x + a, or x where a is None; the norm's output as int8
         rows), the quantization in the norm's pass (the same bytes as quantizing its bf16/fp32 output
         apart). None where the fused kernels do not run here."""
-        op = self._fused(x)
+        op, weight = self._fused(x)
         if op is None:
             return None
         if a is None:
-            q, scale = op.rms_norm_quant(x, self.weight, self.eps)
+            q, scale = op.rms_norm_quant(x, weight, self.eps)
             return x, QuantizedRows(q, scale, x.dtype)
         if a.shape != x.shape or a.dtype != x.dtype:
             return None
-        stream, q, scale = op.add_rms_norm_quant(x, a, self.weight, self.eps)
+        stream, q, scale = op.add_rms_norm_quant(x, a, weight, self.eps)
         return stream, QuantizedRows(q, scale, x.dtype)
 
     def _fused(self, x: torch.Tensor):
-        if not self.fused_ops or x.dim() != 2 or x.stride(-1) != 1 or self.weight.dtype != x.dtype:
-            return None
-        return fused_op(x)
+        """(the fused ops or None, the weight), the weight read from its dict (Module.__getattr__: ~0.3 us)."""
+        weight = self._parameters["weight"]
+        if not self.fused_ops or x.dim() != 2 or x.stride(-1) != 1 or weight.dtype != x.dtype:
+            return None, weight
+        return fused_op(x), weight
 
 
 class RotaryEmbedding(nn.Module):
@@ -122,7 +124,7 @@ class RotaryEmbedding(nn.Module):
             all_positions = torch.arange(rows, device=positions.device)
             table = self._cos_sin(all_positions, self.inv_freq[None, :], dtype)
             self.__dict__["_table"] = table  # a plain attribute: not a buffer, not in the state dict
-        return table[0][positions], table[1][positions]
+        return table[0].index_select(0, positions), table[1].index_select(0, positions)  # a third of [positions]
 
     def _mrope_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Each dimension's cos/sin at the position of its axis: three rows of the one table, picked
@@ -190,15 +192,17 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend):
         """x: [T, hidden], or QuantizedRows for a W8A8 qkv_proj."""
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        if hasattr(self, "qkv_proj"):
-            qkv = self.qkv_proj(x)
+        modules = self._modules  # submodules read from their dict: nn.Module's __getattr__ costs ~0.3 us a name
+        qkv_proj = modules.get("qkv_proj")
+        if qkv_proj is not None:
+            qkv = qkv_proj(x)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         else:
             qkv, (q, k, v) = None, (self.q_proj(x), self.k_proj(x), self.v_proj(x))
         t = q.shape[0]
         q, k = q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim)
-        if hasattr(self, "q_norm"):  # new tensors: the in-place rotary below no longer reaches the qkv rows
-            q, k, qkv = self.q_norm(q), self.k_norm(k), None
+        if "q_norm" in modules:  # new tensors: the in-place rotary below no longer reaches the qkv rows
+            q, k, qkv = modules["q_norm"](q), modules["k_norm"](k), None
         # q and k sit side by side in each row of the fused output: one rotary call for both, in place
         # (q and k above are views of it, so they see the rotation)
         qk = (None if qkv is None
@@ -211,7 +215,7 @@ class Attention(nn.Module):
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         kv.write(self.layer_id, batch.out_cache_loc, k, v, fused=fused)
         o = attn.forward(q, kv.k_buffers[self.layer_id], kv.v_buffers[self.layer_id], batch, self.sm_scale)
-        return self.o_proj(o.reshape(t, -1))
+        return modules["o_proj"](o.reshape(t, -1))
 
 
 class MLP(nn.Module):
@@ -228,18 +232,20 @@ class MLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, x):
-        if hasattr(self, "gate_up_proj"):
-            gate_up = self.gate_up_proj(x)
+        modules = self._modules  # (as Attention.forward)
+        gate_up_proj, down_proj = modules.get("gate_up_proj"), modules["down_proj"]
+        if gate_up_proj is not None:
+            gate_up = gate_up_proj(x)
             op = fused_op(gate_up) if self.fused_ops else None
-            if op is not None and isinstance(self.down_proj, Int8Linear) and self.down_proj.reads_quantized_rows():
+            if op is not None and isinstance(down_proj, Int8Linear) and down_proj.reads_quantized_rows():
                 q, scale = op.silu_mul_quant(gate_up)  # quantized for the W8A8 down_proj in the same pass
-                return self.down_proj(QuantizedRows(q, scale, gate_up.dtype))
+                return down_proj(QuantizedRows(q, scale, gate_up.dtype))
             if op is not None:
-                return self.down_proj(op.silu_mul(gate_up))
+                return down_proj(op.silu_mul(gate_up))
             gate, up = gate_up.chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return down_proj(nn.functional.silu(gate) * up)
 
 
 def _fused_linear(*parts: nn.Linear) -> nn.Linear:
@@ -268,14 +274,16 @@ class DecoderLayer(nn.Module):
         next addition is left to whoever normalises it next (the next layer's input norm, or the
         final norm), so each add and the norm after it are one fused pass. residual None: x is the
         stream itself (the first layer)."""
-        attn_in = getattr(self.self_attn, "qkv_proj", None)
+        modules = self._modules  # (as Attention.forward)
+        self_attn, mlp = modules["self_attn"], modules["mlp"]
+        attn_in = self_attn._modules.get("qkv_proj")
         if residual is None:
-            residual, h = _norm(self.input_layernorm, x, None, attn_in)
+            residual, h = _norm(modules["input_layernorm"], x, None, attn_in)
         else:
-            residual, h = _norm(self.input_layernorm, residual, x, attn_in)
-        attn_out = self.self_attn(h, cos, sin, batch, kv, attn)
-        residual, h = _norm(self.post_attention_layernorm, residual, attn_out, getattr(self.mlp, "gate_up_proj", None))
-        return self.mlp(h), residual
+            residual, h = _norm(modules["input_layernorm"], residual, x, attn_in)
+        attn_out = self_attn(h, cos, sin, batch, kv, attn)
+        residual, h = _norm(modules["post_attention_layernorm"], residual, attn_out, mlp._modules.get("gate_up_proj"))
+        return mlp(h), residual
 
 
 def _norm(norm: RMSNorm, x: torch.Tensor, a: torch.Tensor | None, reader: nn.Module | None):
@@ -324,3 +332,11 @@ class LlamaDecoder(nn.Module):
             if deepstack is not None and i < deepstack.shape[0]:  # the stream is residual + hidden
                 hidden[batch.image_mask] += deepstack[i]
         return self.norm(hidden) if residual is None else self.norm.add_and_norm(residual, hidden)[1]
+
+
+def logits_hidden(hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    """The rows of the final hidden states whose logits the batch wants (batch.logits_rows). The rows
+    ascend, one at most per token, so as many as there are tokens (every decode batch) is all of them:
+    no gather then."""
+    rows = batch.logits_rows
+    return hidden if rows.shape[0] == hidden.shape[0] else hidden.index_select(0, rows)

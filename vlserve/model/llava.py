@@ -11,7 +11,7 @@ from vlserve.model.attention import AttentionBackend
 from vlserve.model.anyres_layout import AnyresLayout
 from vlserve.model.config import ModelConfig, model_config_from_hf
 from vlserve.core.forward_batch import ForwardBatch
-from vlserve.model.llama import LlamaDecoder
+from vlserve.model.llama import LlamaDecoder, logits_hidden
 from vlserve.model.llava_next import AnyresVisionEncoder
 from vlserve.model.vision import VisionEncoder
 
@@ -43,7 +43,7 @@ class LlavaForServing(nn.Module):
         if batch.image_mask is not None:
             hidden[batch.image_mask] = batch.image_embeds.to(hidden.dtype)
         hidden = self.language_model(hidden, batch, kv, attn)
-        return self.lm_head(hidden[batch.logits_rows]).float()
+        return self.lm_head(logits_hidden(hidden, batch)).float()
 
 
 def llava_next_config_from_hf(hf) -> ModelConfig:

@@ -17,6 +17,7 @@ from vlserve.memory.kv_pool import KVPool
 from vlserve.model.attention import AttentionBackend
 from vlserve.model.config import ModelConfig, TextConfig, parse_dtype, _sliding_window
 from vlserve.model.llava import LlavaForServing
+from vlserve.model.llama import logits_hidden
 from vlserve.model.mrope import MRopeLayout
 from vlserve.model.qwen_vision import Qwen25VisionTower, Qwen2VisionTower, Qwen3VisionTower
 
@@ -50,7 +51,7 @@ class Qwen3VLForServing(LlavaForServing):
             hidden[batch.image_mask] = embeds[:, :size]
             deepstack = embeds[:, size:].reshape(embeds.shape[0], -1, size).transpose(0, 1)
         hidden = self.language_model(hidden, batch, kv, attn, deepstack)
-        return self.lm_head(hidden[batch.logits_rows]).float()
+        return self.lm_head(logits_hidden(hidden, batch)).float()
 
 
 def qwen_vl_config_from_hf(hf) -> ModelConfig:
