@@ -2,7 +2,8 @@
 // (with the residual add before it fused in), SiLU(gate) * up, rotary embedding in place, and the
 // new tokens' K and V stored into the paged pool. Before W8A8 projections the norm's output, and
 // SiLU * up's before a W8A8 down_proj, leave as int8 rows and per-row scales instead (rms_norm_quant,
-// silu_mul_quant): one quantization per shared input, no pass over a float copy.
+// silu_mul_quant): one quantization per shared input; each row is computed into an fp32 row of
+// scratch (in L1) with its max |x| found on the way, then coded, so no separate pass finds the scale.
 // Eager PyTorch runs them as 4-10 separate ops each (a pass and a thread barrier apiece), which
 // measured 5% of a prefill layer on one thread and up to 18% on two threads of a loaded machine.
 //
@@ -32,12 +33,22 @@ using namespace vlserve_vec;
 // exp for |x| <= 88 (clamped), Cephes' expf: 2^n * e^r with r in [-ln2/2, ln2/2], relative error
 // about 2e-7 (two fp32 ulps).
 inline vf vexp(vf x) {
+#if defined(__AVX512F__)
+  // vminps/vmaxps: one instruction each where the compare-and-select is two (NaN becomes a bound
+  // here; every caller's result is NaN from its other operand then)
+  x = (vf)_mm512_max_ps(_mm512_min_ps((__m512)x, _mm512_set1_ps(88.3f)), _mm512_set1_ps(-87.3f));
+#else
   x = x > splat(88.3f) ? splat(88.3f) : x;
   x = x < splat(-87.3f) ? splat(-87.3f) : x;
+#endif
   const vf t = x * 1.44269504088896341f + 0.5f;
+#if defined(__AVX512F__)
+  const vf nf = (vf)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);  // floor
+#else
   vi n = __builtin_convertvector(t, vi);
   n += (vi)(__builtin_convertvector(n, vf) > t);  // truncation -> floor (a true compare is -1)
   const vf nf = __builtin_convertvector(n, vf);
+#endif
   const vf r = x - nf * 0.693359375f - nf * -2.12194440e-4f;
   vf y = splat(1.9875691500e-4f);
   y = y * r + 1.3981999507e-3f;
@@ -46,10 +57,14 @@ inline vf vexp(vf x) {
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * r * r + r + 1.0f;
+#if defined(__AVX512F__)
+  return (vf)_mm512_scalef_ps((__m512)y, (__m512)nf);  // y * 2^n in one instruction (n in [-126, 127])
+#else
   vf scale;
   const vi bits = (n + 127) << 23;
   std::memcpy(&scale, &bits, sizeof(scale));
   return y * scale;
+#endif
 }
 
 inline float exp_scalar(float x) {
@@ -92,16 +107,11 @@ typedef int8_t vb __attribute__((vector_size(VLSERVE_LANES)));
 // scale = max(max|x| / 127.5, fp32 eps), q = round-half-even(x / scale) clamped to [-128, 127]; the
 // same fp32 operations, so the same bytes. Clamping before rounding gives the same integers (the
 // bounds are integers), and adding and taking off 1.5 · 2^23 rounds |v| <= 128 half to even.
+// quantize_codes takes max|x| from the caller: the fused rows below find it while they compute the
+// row, into an fp32 scratch row (each value already rounded to the model dtype), and quantize that.
 template <typename T>
-float quantize_row(const T* row, int64_t H, int8_t* q) {
+float quantize_codes(const T* row, int64_t H, float amax, int8_t* q) {
   const int64_t h_vec = kVectorised<T> ? H - H % kLanes : 0;
-  float amax = 0.f;
-  if constexpr (kVectorised<T>) {
-    vf vamax{};
-    for (int64_t i = 0; i < h_vec; i += kLanes) { const vf v = load16(row + i); vamax = vmax(vamax, vmax(v, -v)); }
-    for (int j = 0; j < kLanes; ++j) amax = std::max(amax, vamax[j]);
-  }
-  for (int64_t i = h_vec; i < H; ++i) amax = std::max(amax, std::fabs(f32(row[i])));
   const float s = std::max(amax / 127.5f, 1.1920928955078125e-07f);
   if constexpr (kVectorised<T>) {
     const vf lo = splat(-128.f), hi = splat(127.f), magic = splat(12582912.f);
@@ -117,13 +127,47 @@ float quantize_row(const T* row, int64_t H, int8_t* q) {
   return s;
 }
 
+template <typename T>
+float quantize_row(const T* row, int64_t H, int8_t* q) {
+  const int64_t h_vec = kVectorised<T> ? H - H % kLanes : 0;
+  float amax = 0.f;
+  if constexpr (kVectorised<T>) {
+    vf vamax{};
+    for (int64_t i = 0; i < h_vec; i += kLanes) { const vf v = load16(row + i); vamax = vmax(vamax, vmax(v, -v)); }
+    for (int j = 0; j < kLanes; ++j) amax = std::max(amax, vamax[j]);
+  }
+  for (int64_t i = h_vec; i < H; ++i) amax = std::max(amax, std::fabs(f32(row[i])));
+  return quantize_codes(row, H, amax, q);
+}
+
+// o = round(w * round(x * inv)) widened to fp32 (the values norm_rows stores), returning their max |x|
+// as quantize_row finds it (kVectorised types).
+template <typename T>
+float norm_row_amax(const T* xr, const T* w, float inv, int64_t H, float* o) {
+  const int64_t h_vec = H - H % kLanes;
+  vf vamax{};
+  for (int64_t i = 0; i < h_vec; i += kLanes) {
+    const vf v = round_vec<T>(load16(w + i) * round_vec<T>(load16(xr + i) * inv));
+    storeu(o + i, v);
+    vamax = vmax(vamax, vmax(v, -v));
+  }
+  float amax = 0.f;
+  for (int j = 0; j < kLanes; ++j) amax = std::max(amax, vamax[j]);
+  for (int64_t i = h_vec; i < H; ++i) {
+    o[i] = round_to<T>(f32(w[i]) * round_to<T>(f32(xr[i]) * inv));
+    amax = std::max(amax, std::fabs(o[i]));
+  }
+  return amax;
+}
+
 // out[t] = w * round(x[t] / rms(x[t])); and, for add_rms_norm, sum[t] = round(x[t] + a[t]) first.
 // With quant.q set, out[t] is a row of scratch and what leaves is its int8 quantization.
 template <typename T>
 void norm_rows(const T* x, const T* a, const T* w, T* sum, T* out, int64_t rows, int64_t H, int64_t x_stride,
                float eps, const QuantOut& quant = QuantOut()) {
   at::parallel_for(0, rows, grain(H), [&](int64_t begin, int64_t end) {
-    std::vector<T> scratch(quant.q != nullptr ? H : 0);
+    std::vector<T> scratch(quant.q != nullptr && !kVectorised<T> ? H : 0);
+    std::vector<float> scratch32(quant.q != nullptr && kVectorised<T> ? H : 0);
     for (int64_t t = begin; t < end; ++t) {
       const T* xr = x + t * x_stride;
       T* orow = quant.q != nullptr ? scratch.data() : out + t * H;
@@ -144,6 +188,13 @@ void norm_rows(const T* x, const T* a, const T* w, T* sum, T* out, int64_t rows,
       }
       for (int64_t i = h_vec; i < H; ++i) sq += f32(xr[i]) * f32(xr[i]);
       const float inv = 1.0f / std::sqrt(sq / static_cast<float>(H) + eps);
+      if constexpr (kVectorised<T>) {
+        if (quant.q != nullptr) {  // into fp32 scratch, finding max |x| on the way
+          const float amax = norm_row_amax(xr, w, inv, H, scratch32.data());
+          quant.scale[t] = quantize_codes(scratch32.data(), H, amax, quant.q + t * quant.ldq);
+          continue;
+        }
+      }
       if constexpr (kVectorised<T>)
         for (int64_t i = 0; i < h_vec; i += kLanes)
           store16(orow + i, load16(w + i) * round_vec<T>(load16(xr + i) * inv));
@@ -223,28 +274,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_quant(const at::Tens
   return {sum, q, scale};
 }
 
+// round(round(silu(g)) * u) for kLanes lanes, each rounded to the model dtype T (bf16: through bf16).
+template <typename T>
+inline vf silu_mul_vec(vf g, vf u) {
+  return round_vec<T>(round_vec<T>(g / (1.0f + vexp(-g))) * u);
+}
+
+// The same for one element: the vector path's arithmetic (tails and fp16 rows).
+template <typename T>
+inline float silu_mul_scalar(T g, T u) {
+  const float gi = f32(g);
+  return round_to<T>(round_to<T>(gi / (1.0f + exp_scalar(-gi))) * f32(u));
+}
+
 // o[i] = round(round(silu(g[i])) * u[i]) for one row of I.
 template <typename T>
 void silu_mul_row(const T* g, const T* u, T* o, int64_t I) {
   int64_t i = 0;
-  if constexpr (std::is_same_v<T, float>) {
-    for (; i + kLanes <= I; i += kLanes) {
-      const vf gv = loadu(g + i);
-      storeu(o + i, gv / (1.0f + vexp(-gv)) * loadu(u + i));
-    }
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {  // the scalar tail's arithmetic, per lane
-    for (; i + kLanes <= I; i += kLanes) {
-      const vf gv = load16(g + i);
-      store16(o + i, through_bf16(gv / (1.0f + vexp(-gv))) * load16(u + i));
-    }
-  }
-  for (; i < I; ++i) {
-    const float gi = f32(g[i]);
-    o[i] = static_cast<T>(round_to<T>(gi / (1.0f + exp_scalar(-gi))) * f32(u[i]));
-  }
+  if constexpr (kVectorised<T>)
+    for (; i + kLanes <= I; i += kLanes) store16(o + i, silu_mul_vec<T>(load16(g + i), load16(u + i)));
+  for (; i < I; ++i) o[i] = static_cast<T>(silu_mul_scalar(g[i], u[i]));
 }
 
-// Rows per task of SiLU * mul: ~32K outputs. Its exp and division cost ~0.6 ns an output on one Zen 5
+// silu_mul_row into an fp32 row o (the values silu_mul_row stores, widened), returning their max |x|
+// as quantize_row finds it: the row is then quantized from o with no second pass to find the scale.
+template <typename T>
+float silu_mul_row_amax(const T* g, const T* u, float* o, int64_t I) {
+  const int64_t i_vec = I - I % kLanes;
+  vf vamax{};
+  for (int64_t i = 0; i < i_vec; i += kLanes) {
+    const vf v = silu_mul_vec<T>(load16(g + i), load16(u + i));
+    storeu(o + i, v);
+    vamax = vmax(vamax, vmax(v, -v));
+  }
+  float amax = 0.f;
+  for (int j = 0; j < kLanes; ++j) amax = std::max(amax, vamax[j]);
+  for (int64_t i = i_vec; i < I; ++i) {
+    o[i] = silu_mul_scalar(g[i], u[i]);
+    amax = std::max(amax, std::fabs(o[i]));
+  }
+  return amax;
+}
+
+// Rows per task of SiLU * mul: ~32K outputs. Its exp and division cost ~0.5 ns an output on one Zen 5
 // thread, ten times a norm's, so a task of grain()'s 128K would keep a 32-row decode batch on one
 // thread for ~80 us a layer; 32K makes a task ~20 us, past the cost of waking the second thread.
 inline int64_t silu_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, width)); }
@@ -254,11 +326,19 @@ inline int64_t silu_grain(int64_t width) { return std::max<int64_t>(1, 32768 / s
 template <typename T>
 void silu_mul_rows(const T* gu, T* out, int64_t rows, int64_t I, const QuantOut& quant = QuantOut()) {
   at::parallel_for(0, rows, silu_grain(I), [&](int64_t begin, int64_t end) {
-    std::vector<T> scratch(quant.q != nullptr ? I : 0);
+    std::vector<T> scratch(quant.q != nullptr && !kVectorised<T> ? I : 0);
+    std::vector<float> scratch32(quant.q != nullptr && kVectorised<T> ? I : 0);
     for (int64_t t = begin; t < end; ++t) {
-      T* o = quant.q != nullptr ? scratch.data() : out + t * I;
-      silu_mul_row(gu + t * 2 * I, gu + t * 2 * I + I, o, I);
-      if (quant.q != nullptr) quant.scale[t] = quantize_row(o, I, quant.q + t * quant.ldq);
+      const T *g = gu + t * 2 * I, *u = g + I;
+      if (quant.q == nullptr) {
+        silu_mul_row(g, u, out + t * I, I);
+      } else if constexpr (kVectorised<T>) {
+        const float amax = silu_mul_row_amax(g, u, scratch32.data(), I);
+        quant.scale[t] = quantize_codes(scratch32.data(), I, amax, quant.q + t * quant.ldq);
+      } else {
+        silu_mul_row(g, u, scratch.data(), I);
+        quant.scale[t] = quantize_row(scratch.data(), I, quant.q + t * quant.ldq);
+      }
     }
   });
 }
