@@ -15,8 +15,9 @@ from training.builtin.attention_targets import (
     KEYWORD_LAYER, REFERENCE_HEAD, RETRIEVAL_HEADS, RETRIEVAL_LAYER, AttentionBatch, object_patches,
     retrieval_patches,
 )
+from training.builtin.place_targets import UNIFORM_VARIANCE, PlaceBatch, PlaceHead, PlaceTarget
 from training.builtin.train import (
-    IMAGE_SIZE, BatchMaker, build_image_processor, build_model, patch_targets, warm_start,
+    IMAGE_SIZE, AuxHead, BatchMaker, build_image_processor, build_model, losses, patch_targets, warm_start,
 )
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
@@ -39,7 +40,7 @@ def _multi_object_scene(seed=0, at_least=3):
 
 def _patch_of(scene, maker, positions):
     """Image-token positions (first turn) back to patch indices."""
-    ids, _, _, _ = maker.encode(scene, scene.qas[:1])
+    ids, _, _, _, _ = maker.encode(scene, scene.qas[:1])
     image_positions = [i for i, t in enumerate(ids) if t == maker.image_token_id]
     return sorted(image_positions.index(p) for p in positions)
 
@@ -75,7 +76,7 @@ def test_named_shape_question_targets_that_shape_and_its_keywords(maker):
     scene = _multi_object_scene(1)
     patches = object_patches(scene, GRID)[0]
     for qa in [q for q in scene.qas if q.about is not None]:
-        ids, _, spans, targets = maker.encode(scene, [qa])
+        ids, _, spans, targets, _ = maker.encode(scene, [qa])
         retrieval = [t for t in targets if t.layer == RETRIEVAL_LAYER]
         assert sorted(t.head for t in retrieval) == sorted(RETRIEVAL_HEADS)
         for t in retrieval:
@@ -88,9 +89,10 @@ def test_named_shape_question_targets_that_shape_and_its_keywords(maker):
             assert named.shape in text or named.colour in text, (qa.question, text)
 
 
-def test_a_relation_looks_at_its_reference_shape_a_layer_below_the_answer(maker):
-    """"What is above the square?" / "is the circle left of the square?": the reference head (layer 1)
-    looks at the square, the retrieval heads (layer 2) at the shape the answer is about."""
+def test_a_relation_looks_at_its_reference_shape_below_and_beside_the_answer(maker):
+    """"What is above the square?" / "is the circle left of the square?": the reference heads (layer 1,
+    and layer 2 beside the retrieval heads) look at the square, the retrieval heads (layer 2) at the
+    shape the answer is about."""
     rng = random.Random(3)
     relations = [(sc, qa) for sc in (typed.typed_scene(rng) for _ in range(40)) for qa in sc.qas
                  if qa.qtype == typed.RELATION_QTYPE]
@@ -99,21 +101,82 @@ def test_a_relation_looks_at_its_reference_shape_a_layer_below_the_answer(maker)
     for sc, qa in measured:
         assert qa.ref != qa.about
         patches = object_patches(sc, GRID)[0]
-        _, _, _, targets = maker.encode(sc, [qa])
-        reference = [t for t in targets if (t.layer, t.head) == (KEYWORD_LAYER, REFERENCE_HEAD)]
-        assert len(reference) == 1, qa
-        assert _patch_of(sc, maker, reference[0].keys) == sorted(patches[qa.ref])
-        for t in (t for t in targets if t.layer == RETRIEVAL_LAYER):
+        _, _, _, targets, _ = maker.encode(sc, [qa])
+        reference = [t for t in targets if t.head == REFERENCE_HEAD]
+        assert sorted(t.layer for t in reference) == [KEYWORD_LAYER, RETRIEVAL_LAYER], qa
+        for t in reference:
+            assert _patch_of(sc, maker, t.keys) == sorted(patches[qa.ref])
+        for t in (t for t in targets if t.layer == RETRIEVAL_LAYER and t.head in RETRIEVAL_HEADS):
             assert _patch_of(sc, maker, t.keys) == sorted(patches[qa.about])
     for sc, qa in relations:
         if qa.ref is None:
-            assert all(t.head != REFERENCE_HEAD for t in maker.encode(sc, [qa])[3] if t.layer == KEYWORD_LAYER)
+            assert all(t.head != REFERENCE_HEAD for t in maker.encode(sc, [qa])[3])
+
+
+def test_a_relation_from_a_named_shape_asks_for_both_places_where_the_answer_is_predicted(maker):
+    """"Is the circle above the square?": the place target holds both visible centres, at the position
+    that predicts the answer; an extreme ("the biggest") and a plain question have none."""
+    rng = random.Random(5)
+    relations = [(sc, qa) for sc in (typed.typed_scene(rng) for _ in range(40)) for qa in sc.qas
+                 if qa.qtype == typed.RELATION_QTYPE]
+    assert any(qa.ref is None for _, qa in relations) and any(qa.ref is not None for _, qa in relations)
+    for sc, qa in relations:
+        _, _, spans, _, places = maker.encode(sc, [qa])
+        if qa.ref is None:
+            assert places == []
+            continue
+        centres = scenes.centroids(sc.masks[0], len(sc.objects[0]))
+        assert len(places) == 1 and places[0].query == spans[0][1] - 1
+        assert places[0].places == pytest.approx((*centres[qa.about], *centres[qa.ref]))
+    plain = _multi_object_scene(2)
+    assert all(maker.encode(plain, [qa])[4] == [] for qa in plain.qas)
+
+
+def test_place_loss_is_zero_for_the_right_places_and_one_for_a_constant_guess():
+    batch = PlaceBatch.build([[], [PlaceTarget(3, (0.2, 0.3, 0.7, 0.9))]])
+    hidden = torch.randn(2, 5, 8)
+    head = PlaceHead(8)
+    with torch.no_grad():
+        head.linear.bias.copy_(torch.tensor([0.2, 0.3, 0.7, 0.9]))
+    assert batch.loss(hidden, head).item() == pytest.approx(0.0, abs=1e-12)
+    with torch.no_grad():
+        head.linear.bias.fill_(0.5)
+    expected = sum((v - 0.5) ** 2 for v in (0.2, 0.3, 0.7, 0.9)) / 4 / UNIFORM_VARIANCE
+    assert batch.loss(hidden, head).item() == pytest.approx(expected, rel=1e-6)
+    assert PlaceBatch.build([[], []]).loss(hidden, head).item() == 0.0
+
+
+def test_training_on_places_teaches_a_tiny_model_to_read_them(maker):
+    """A few steps on relation rows lower the place loss of the same batch: the gradient reaches the
+    read-out and the decoder (a loss that could not move would leave it where it started)."""
+    torch.manual_seed(0)
+    rng = random.Random(11)
+    rows = []
+    while len(rows) < 6:
+        sc = typed.typed_scene(rng)
+        rows += [sc] if any(qa.ref is not None for qa in sc.qas) else []
+    for sc in rows:  # every row asks its relations measured from a named shape
+        sc.qas[:] = [qa for qa in sc.qas if qa.ref is not None]
+    batch = maker.make(rows, turns=1, priority=False)
+    assert len(batch.places.row) == len(rows)
+    model = build_model(maker.tok, text_layers=3)
+    model.set_attn_implementation("eager")
+    aux, head = AuxHead(model.config.text_config.hidden_size, GRID), PlaceHead(model.config.text_config.hidden_size)
+    opt = torch.optim.Adam([*model.parameters(), *head.parameters()], lr=3e-4)
+    first = None
+    for _ in range(30):
+        place = losses(model, aux, head, batch)[3]
+        first = place.item() if first is None else first
+        opt.zero_grad()
+        place.backward()
+        opt.step()
+    assert losses(model, aux, head, batch)[3].item() < 0.25 * first
 
 
 def test_caption_words_target_the_shape_being_described(maker):
     scene = _multi_object_scene(2)
     caption = next(q for q in scene.qas if q.qtype == "caption")
-    ids, _, _, targets = maker.encode(scene, [caption])
+    ids, _, _, targets, _ = maker.encode(scene, [caption])
     patches = object_patches(scene, GRID)[0]
     groups = scenes.caption_groups(scene.objects[0], scenes.centroids(scene.masks[0], len(scene.objects[0])))
     group_patches = {(c, s): sorted({p for k in ks for p in patches[k]}) for c, s, ks in groups}
@@ -175,7 +238,7 @@ def test_answers_follow_the_generation_prompt_without_a_leading_space():
     scene = _multi_object_scene(7)
     seen = set()
     for _ in range(30):
-        ids, _, spans, _ = maker.encode(scene, scene.qas[:1])
+        ids, _, spans, _, _ = maker.encode(scene, scene.qas[:1])
         _, start, end = spans[0]
         prompt = maker.tok.decode(ids[:start])
         answer = maker.tok.decode(ids[start:end], skip_special_tokens=True)
@@ -251,8 +314,8 @@ def test_question_type_overrides_change_the_answer_weight_and_the_turn_mix():
                        qtype_weight={"colour": 7.5}, turn_priority={"colour": 50.0})
     scene = _multi_object_scene(3)
     colour = [qa for qa in scene.qas if qa.qtype == "colour"][:1]
-    _, w_plain, spans, _ = plain.encode(scene, colour)
-    _, w_tuned, _, _ = tuned.encode(scene, colour)
+    _, w_plain, spans, _, _ = plain.encode(scene, colour)
+    _, w_tuned, _, _, _ = tuned.encode(scene, colour)
     _, start, end = spans[0]
     # QTYPE_WEIGHT["colour"] is 1.0; the multi-object boost multiplies both alike
     assert {t / p for t, p in zip(w_tuned[start:end], w_plain[start:end])} == {7.5}

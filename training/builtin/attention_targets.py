@@ -16,9 +16,11 @@ one decoder layer where to look, as a loss on their attention probabilities:
   where it is absent;
 - a keyword head (layer `KEYWORD_LAYER`), at the same position: the question's words that name a
   shape, a colour, or the start or end of the video, so the retrieval query knows what it is after;
-- a reference head (layer `KEYWORD_LAYER`, the other KV group), for a relation measured from a named
-  shape ("what is above the square?", "is the circle left of the square?"): that shape's patches, so
-  the retrieval heads a layer up, and the answer, have its place to compare with.
+- reference heads (head `REFERENCE_HEAD`, the other KV group, in layer `KEYWORD_LAYER` and in layer
+  `RETRIEVAL_LAYER`), for a relation measured from a named shape ("what is above the square?", "is the
+  circle left of the square?"): that shape's patches, so the retrieval heads, and the answer, have its
+  place to compare with. The layer-2 one brings it in the layer where the asked-about shape's place
+  arrives; what its values must carry is taught by place_targets.py.
 
 Nothing of this is saved: the checkpoint is a plain LLaVA model whose attention was trained this way.
 """
@@ -38,6 +40,9 @@ RETRIEVAL_HEADS = (0, 1)  # (A, B): the same patches, except first frame / last 
 KEYWORD_LAYER = 1
 KEYWORD_HEAD = 0
 REFERENCE_HEAD = 3  # layer KEYWORD_LAYER, the other KV group: a relation's reference shape
+# ... and the same head number in the retrieval layer, the KV group beside the retrieval heads, so that
+# the reference shape's place arrives in the layer where the asked-about shape's does
+REFERENCE_HEADS = ((KEYWORD_LAYER, REFERENCE_HEAD), (RETRIEVAL_LAYER, REFERENCE_HEAD))
 KEYWORDS = re.compile(r"\b(" + "|".join([*scenes.SHAPES, *scenes.COLOURS, "start", "beginning", "first",
                                          "end", "last"]) + r")s?\b")
 NUMBERS = "|".join(f"[{w[0].upper()}{w[0]}]{w[1:]}" for w in list(scenes.NUMBER_WORDS.values())[2:])  # Two|...
@@ -151,7 +156,7 @@ def turn_targets(scene: scenes.Scene, qa: scenes.QA, turn: Turn, image_positions
             out.append(AttentionTarget(RETRIEVAL_LAYER, head, query, [image_positions[p] for p in ps]))
     if qa.ref is not None:
         keys = [image_positions[p] for p in object_patches(scene, grid)[0][qa.ref]]
-        out.append(AttentionTarget(KEYWORD_LAYER, REFERENCE_HEAD, query, keys))
+        out += [AttentionTarget(layer, head, query, keys) for layer, head in REFERENCE_HEADS]
     q_at = turn.prompt.rfind(qa.question)
     words = [i for a, b in keyword_spans(qa.question) for i in overlapping(turn.prompt_offsets, q_at + a, q_at + b)]
     if words:

@@ -74,6 +74,7 @@ from vlserve.builtin import scenes, typed
 from training.builtin.attention_targets import (
     KEYWORD_LAYER, RETRIEVAL_LAYER, AttentionBatch, AttentionTarget, Turn, turn_targets,
 )
+from training.builtin.place_targets import PLACE_LAYER, PlaceBatch, PlaceHead, PlaceTarget, turn_places
 from training.builtin.tokenizer import BUILTIN_CHAT_TEMPLATE, IMAGE, train_tokenizer
 from vlserve.testing.checkpoint_tools import clip_image_processor_kwargs
 
@@ -124,6 +125,7 @@ class TrainArgs:
     warmup: int = 150
     aux_weight: float = 1.0
     attn_weight: float = 1.0
+    place_weight: float = 0.0  # of the relation place read-out's loss (place_targets.py); 0: not trained
     threads: int = 1  # on a shared 2-core machine, 2 threads ran 10x slower than 1 (oversubscription)
     eval_every: int = 500
     vision_warmup: int = 800  # aux-only steps on vision tower + projector before the decoder joins
@@ -250,6 +252,7 @@ class Batch:
     patch_targets: torch.Tensor  # [n_images, grid*grid, 5]: shape, colour, row, col, centre's shape
     qtypes: list[list[tuple[str, int, int]]]  # per sequence: (qtype, start, end) of each answer span
     attention: AttentionBatch
+    places: PlaceBatch
 
 
 def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
@@ -294,6 +297,7 @@ class BatchMaker:
         weights: list[float] = []
         spans = []
         targets: list[AttentionTarget] = []
+        places: list[PlaceTarget] = []
         image_positions: list[int] = []
         previous = None
         for i, (scene, qa) in enumerate(turns):
@@ -319,12 +323,13 @@ class BatchMaker:
                 w *= MULTI_OBJECT_BOOST
             turn = Turn(prompt, p_offsets, len(ids), a_enc.offset_mapping, len(ids) + len(p_ids), prefix)
             targets += turn_targets(scene, qa, turn, image_positions, self.grid)
+            places += turn_places(scene, qa, turn.answer_start - 1)
             ids += p_ids
             weights += [0.0] * len(p_ids)
             spans.append((qa.qtype, turn.answer_start, turn.answer_start + len(a_ids)))
             ids += a_ids
             weights += [w] * len(a_ids)
-        return ids, weights, spans, targets
+        return ids, weights, spans, targets, places
 
     def _expand_images(self, ids: list[int], offsets: list[tuple[int, int]]):
         """Each <image> becomes grid² image tokens, as the processor expands it; offsets follow."""
@@ -339,31 +344,40 @@ class BatchMaker:
              turns: int | None = None) -> Batch:
         """One sequence per scene with 1..max_turns turns each, or exactly `turns` (at most all of a
         scene's questions) for every sequence, so that the rows are of a length and pad little."""
-        rows, frames, targets, spans_all, attn_all = [], [], [], [], []
+        rows, frames, targets, spans_all, attn_all, places_all = [], [], [], [], [], []
         for scene in scene_list:
             qas = self.pick_turns(scene.qas, turns or self.rng.randint(1, max_turns), priority)
-            ids, w, spans, attn = self.encode(scene, qas)
+            ids, w, spans, attn, places = self.encode(scene, qas)
             rows.append((ids, w))
             spans_all.append(spans)
             attn_all.append(attn)
+            places_all.append(places)
             frames += scene.frames
             targets.append(patch_targets(scene, self.grid))
-        return self.collate(rows, frames, np.concatenate(targets), spans_all, attn_all)
+        return self.collate(rows, frames, np.concatenate(targets), spans_all, attn_all, places_all)
 
     def make_multi(self, conversations: list[list[scenes.Scene]], priority: bool = True) -> Batch:
         """One sequence per list of scenes, one question about each scene in its own turn (a picture a
         turn, as a few-shot prompt has them)."""
-        rows, frames, targets, spans_all, attn_all = [], [], [], [], []
-        for scene_list in conversations:
-            turns = [(scene, self.pick_turns(scene.qas, 1, priority)[0]) for scene in scene_list]
-            ids, w, spans, attn = self.encode_turns(turns)
+        return self.make_turns([[(scene, self.pick_turns(scene.qas, 1, priority)[0]) for scene in scene_list]
+                                for scene_list in conversations])
+
+    def make_turns(self, conversations: list[list[tuple[scenes.Scene, scenes.QA]]]) -> Batch:
+        """One sequence per list of (scene, question) turns, as `encode_turns` lays them out."""
+        rows, frames, targets, spans_all, attn_all, places_all = [], [], [], [], [], []
+        for turns in conversations:
+            ids, w, spans, attn, places = self.encode_turns(turns)
             rows.append((ids, w))
             spans_all.append(spans)
             attn_all.append(attn)
-            for scene in scene_list:
-                frames += scene.frames
-                targets.append(patch_targets(scene, self.grid))
-        return self.collate(rows, frames, np.concatenate(targets), spans_all, attn_all)
+            places_all.append(places)
+            previous = None
+            for scene, _ in turns:
+                if scene is not previous:  # a turn about the same scene brings no new images
+                    frames += scene.frames
+                    targets.append(patch_targets(scene, self.grid))
+                previous = scene
+        return self.collate(rows, frames, np.concatenate(targets), spans_all, attn_all, places_all)
 
     def pick_turns(self, qas: list[scenes.QA], k: int, priority: bool) -> list[scenes.QA]:
         """k questions in random order, drawn without replacement with TURN_PRIORITY weights
@@ -373,7 +387,7 @@ class BatchMaker:
         order = sorted(range(len(qas)), key=lambda i: -keys[i])
         return [qas[i] for i in order[:k]]
 
-    def collate(self, rows, frames, targets, spans_all, attn_all) -> Batch:
+    def collate(self, rows, frames, targets, spans_all, attn_all, places_all) -> Batch:
         T = max(len(ids) for ids, _ in rows)
         pad = self.tok.pad_token_id
         input_ids = torch.full((len(rows), T), pad, dtype=torch.long)
@@ -385,7 +399,7 @@ class BatchMaker:
             weight[i, : len(ids)] = torch.tensor(w)
         pixels = self.proc(frames, return_tensors="pt")["pixel_values"]
         return Batch(input_ids, attn, weight, pixels, torch.from_numpy(targets).long(), spans_all,
-                     AttentionBatch.build(attn_all, T))
+                     AttentionBatch.build(attn_all, T), PlaceBatch.build(places_all))
 
 
 # ---------------------------------------------------------------- forward
@@ -428,7 +442,8 @@ SUPERVISED_LAYERS = (KEYWORD_LAYER, RETRIEVAL_LAYER)
 
 def forward(model, batch: Batch, keep_attention: bool = False):
     """Answer-token logits (only where target_weight > 0), the projected image features and, with
-    `keep_attention`, the attention probabilities of the supervised layers (needs eager attention)."""
+    `keep_attention`, the attention probabilities of the supervised layers (needs eager attention) and
+    the residual after PLACE_LAYER (under key "places")."""
     inner = model.model
     feats = image_features(model, batch.pixel_values)
     embeds = inner.get_input_embeddings()(batch.input_ids)
@@ -441,6 +456,8 @@ def forward(model, batch: Batch, keep_attention: bool = False):
             module = inner.language_model.layers[layer].self_attn
             hooks.append(module.register_forward_hook(
                 lambda _m, _in, out, layer=layer: attentions.__setitem__(layer, out[1])))
+        hooks.append(inner.language_model.layers[PLACE_LAYER].register_forward_hook(
+            lambda _m, _in, out: attentions.__setitem__("places", out[0] if isinstance(out, tuple) else out)))
     try:
         hidden = inner.language_model(inputs_embeds=embeds, attention_mask=batch.attention_mask).last_hidden_state
     finally:
@@ -451,13 +468,15 @@ def forward(model, batch: Batch, keep_attention: bool = False):
     return logits, predict, feats, attentions
 
 
-def losses(model, aux: AuxHead, batch: Batch):
-    """(answer loss, per-patch auxiliary loss, attention supervision loss)."""
+def losses(model, aux: AuxHead, place_head: PlaceHead | None, batch: Batch):
+    """(answer loss, per-patch auxiliary loss, attention supervision loss, relation place loss)."""
     logits, predict, feats, attentions = forward(model, batch, keep_attention=True)
     targets = batch.input_ids[:, 1:][predict]
     w = batch.target_weight[:, 1:][predict]
     lm = (F.cross_entropy(logits, targets, reduction="none") * w).sum() / w.sum()
-    return lm, aux.loss(feats, batch.patch_targets), batch.attention.loss(attentions)
+    hidden = attentions.pop("places")
+    places = batch.places.loss(hidden, place_head) if place_head is not None else hidden.new_zeros(())
+    return lm, aux.loss(feats, batch.patch_targets), batch.attention.loss(attentions), places
 
 
 @torch.no_grad()
@@ -592,7 +611,9 @@ def train(args: TrainArgs) -> None:
     model.train()
     grid = args.image_size // args.patch
     aux = AuxHead(model.config.text_config.hidden_size, grid)
-    params = list(model.parameters()) + list(aux.parameters())
+    # made only when trained, so that a recipe without it draws the same random numbers as before
+    place_head = PlaceHead(model.config.text_config.hidden_size) if args.place_weight else None
+    params = list(model.parameters()) + list(aux.parameters()) + list(place_head.parameters() if place_head else [])
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
@@ -627,7 +648,8 @@ def train(args: TrainArgs) -> None:
     log_path = log_dir / "train_log.csv"
     eval_path = log_dir / "eval_log.csv"
     with open(log_path, "w", newline="") as f:
-        csv.writer(f).writerow(["step", "seconds", "cpu_seconds", "lr", "lm_loss", "aux_loss", "attn_loss"])
+        csv.writer(f).writerow(["step", "seconds", "cpu_seconds", "lr", "lm_loss", "aux_loss", "attn_loss",
+                                "place_loss"])
     start = time.time()
     paced = (0, 0.0)  # (step, seconds) where the pace was last measured
     bar = tqdm(total=args.steps, desc=f"train {n_params / 1e6:.2f}M params", dynamic_ncols=True)
@@ -636,8 +658,8 @@ def train(args: TrainArgs) -> None:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, args)
         batch = next_batch(step)
-        lm, aux_loss, attn_loss = losses(model, aux, batch)
-        loss = lm + args.aux_weight * aux_loss + args.attn_weight * attn_loss
+        lm, aux_loss, attn_loss, place_loss = losses(model, aux, place_head, batch)
+        loss = lm + args.aux_weight * aux_loss + args.attn_weight * attn_loss + args.place_weight * place_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -666,7 +688,7 @@ def train(args: TrainArgs) -> None:
         with open(log_path, "a", newline="") as f:
             csv.writer(f).writerow([step, f"{elapsed:.1f}", f"{time.process_time():.1f}",
                                     f"{opt.param_groups[0]['lr']:.2e}", f"{lm.item():.4f}", f"{aux_loss.item():.4f}",
-                                    f"{attn_loss.item():.4f}"])
+                                    f"{attn_loss.item():.4f}", f"{place_loss.item():.4f}"])
         if step % args.eval_every == 0 or step == total:
             acc = evaluate_batches(model, held_out, aux)
             print(f"[eval step {step}] " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()), flush=True)
@@ -696,6 +718,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=150, help="steps of linear learning-rate warm-up")
     p.add_argument("--aux-weight", type=float, default=1.0)
     p.add_argument("--attn-weight", type=float, default=1.0, help="weight of the attention supervision loss")
+    p.add_argument("--place-weight", type=float, default=0.0,
+                   help="weight of the relation place read-out's loss (place_targets.py; 0: not trained)")
     p.add_argument("--eval-every", type=int, default=1000)
     p.add_argument("--patch", type=int, default=16, help="vision patch size")
     p.add_argument("--image-size", type=int, default=IMAGE_SIZE, help="side of the model's input picture")
@@ -719,7 +743,8 @@ def main() -> None:
     if (a.steps is None) == (a.minutes is None):
         p.error("give exactly one of --steps or --minutes")
     train(TrainArgs(out=a.out, seed=a.seed, steps=a.steps, minutes=a.minutes, threads=a.threads, lr=a.lr,
-                    warmup=a.warmup, aux_weight=a.aux_weight, attn_weight=a.attn_weight, eval_every=a.eval_every,
+                    warmup=a.warmup, aux_weight=a.aux_weight, attn_weight=a.attn_weight,
+                    place_weight=a.place_weight, eval_every=a.eval_every,
                     patch=a.patch, image_size=a.image_size,
                     vision_warmup=a.vision_warmup, text_layers=a.text_layers, init=a.init,
                     cpu_minutes=a.cpu_minutes, stop_after=a.stop_after, multi_scene_share=a.multi_scene_share,
