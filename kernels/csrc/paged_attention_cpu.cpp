@@ -18,7 +18,8 @@
 // arithmetic per byte is tiny), so items span all kv heads whenever there are enough items to keep
 // every thread busy, and one kv head each otherwise. On AVX-512, items of one new token (decode,
 // and the shared pass: see decode_path) take run_item_decode instead of the tiles: scores for a
-// 256-key chunk straight from the pool, sixteen keys per vector, then the values.
+// 256-key chunk straight from the pool, sixteen keys per vector (a bf16 pool's in bf16 dot
+// products, no widened copy), then the values.
 //
 // Shared prefixes (decode): the radix cache gives every request that shares a prompt prefix the
 // same slots for it, so a decode batch of six questions about one picture, or of 24 continuations
