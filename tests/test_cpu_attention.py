@@ -299,6 +299,21 @@ def test_bf16_dot_long_extend_matches_reference(head_dim, threads):
     assert l2_err(dot, vdp) < 1e-3
 
 
+# The decode path's scores in bf16 dot products straight from a bf16 pool (q and keys as they are,
+# exact products summed in fp32): the quantized benchmark's GQA-3 heads, a GQA-4 and an MHA, at every
+# head dim it has code for, across its 16-key vectors and 256-key chunks. Both products' operands are
+# the widened path's values, so the two differ by summation order only (L2 ~1e-5 measured at GQA-3, 128).
+@pytest.mark.parametrize("heads", [(12, 4), (8, 2), (4, 4)], ids=["gqa3", "gqa4", "mha"])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_bf16_dot_decode_scores_match_reference(heads, head_dim, threads):
+    batch = random_paged_batch(DECODE_LENS + [16, 48, 17], None, *heads, head_dim, torch.bfloat16, 1, seed=head_dim)
+    ref = batch.decode(decode_attention_ref)
+    dot = batch.decode(decode_attention_cpu)
+    widened = batch.decode(lambda *a: decode_attention_cpu(*a, bf16_dot=False))
+    assert rel_err(dot, ref) < TOLERANCE[torch.bfloat16] and rel_err(widened, ref) < TOLERANCE[torch.bfloat16]
+    assert l2_err(dot, widened) < 1e-4
+
+
 def test_bf16_dot_shared_prefix_decode_matches_reference():
     # The shared pass's big groups (80 and 24 rows a kv head) take the BLAS blocks, so the bf16 path.
     batch = shared_decode_batch((8, 2), 64, torch.bfloat16, 16, seed=9)

@@ -54,7 +54,8 @@ def test_rms_norm_and_add_rms_norm(op, dtype, rows, width, threads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,inner", [(1, 8), (5, 19), (64, 2816)])
+# 100: four vectors at a time (kSiluVectors), then two single vectors, then a scalar tail
+@pytest.mark.parametrize("rows,inner", [(1, 8), (5, 19), (3, 100), (64, 2816)])
 def test_silu_mul(op, dtype, rows, inner, threads):
     g = torch.Generator().manual_seed(inner)
     gate_up = (torch.randn(rows, 2 * inner, generator=g) * 4).to(dtype)

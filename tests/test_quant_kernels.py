@@ -167,7 +167,7 @@ def test_norm_quant_gives_the_bytes_of_quantizing_the_norm_output(built, fused, 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("inner", [70, 1537, 4096], ids=str)
+@pytest.mark.parametrize("inner", [70, 100, 1537, 4096], ids=str)
 def test_silu_mul_quant_gives_the_bytes_of_quantizing_silu_mul(built, fused, inner, dtype):
     """silu_mul_quant = quantize_rows of silu_mul's output, exactly (scales too); 9 rows of 4096 are
     two tasks where two threads run."""

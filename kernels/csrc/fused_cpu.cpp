@@ -88,10 +88,12 @@ inline vf round_vec(vf v) {
 template <typename T>
 constexpr bool kVectorised = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
 
-// Rows per task: about 128K elements. A decode batch's few rows then run on one thread: waking a
-// second one costs more than it saves there, and on a loaded machine a parallel region can wait a
-// whole time slice for a descheduled thread (measured: 0.04 ms serial, 8 ms as two tasks).
-inline int64_t grain(int64_t width) { return std::max<int64_t>(1, 131072 / std::max<int64_t>(1, width)); }
+// Rows per task of the light passes (norms, rotary): about 16K elements. Their ~0.35 ns an element
+// on one Zen 5 thread made a 128K grain keep a 32-row decode batch on one thread: 18 us for a
+// 1,536-wide add_rms_norm_quant (twice a layer), 29 us for the rotary of 16 heads x 128, where two
+// tasks take ~13.5 us and ~17 us on two threads (already awake: the GEMMs around them run on every
+// thread). A batch of a few rows stays one task, on one thread.
+inline int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, width)); }
 
 // Where a norm's int8 rows go (rms_norm_quant): q [rows, ldq] (ldq = H rounded up to 4, the padding
 // left zero), scale [rows]. The W8A8 GEMMs after the norm (quant_int8_cpu.cpp) read them as they are.
@@ -287,12 +289,24 @@ inline float silu_mul_scalar(T g, T u) {
   return round_to<T>(round_to<T>(gi / (1.0f + exp_scalar(-gi))) * f32(u));
 }
 
+// Vectors of SiLU * up per step of the row loops below: each vector is a chain of ~45 dependent
+// instructions (the exp, the division, two roundings), and side by side in the code the core
+// overlaps four chains where, one per loop iteration, its scheduler held too few of them to hide
+// the chain: 32 x 4096 outputs in ~60 us on one Zen 5 thread, ~66 us one vector at a time.
+constexpr int kSiluVectors = 4;
+
 // o[i] = round(round(silu(g[i])) * u[i]) for one row of I.
 template <typename T>
 void silu_mul_row(const T* g, const T* u, T* o, int64_t I) {
   int64_t i = 0;
-  if constexpr (kVectorised<T>)
+  if constexpr (kVectorised<T>) {
+    for (; i + kSiluVectors * kLanes <= I; i += kSiluVectors * kLanes) {
+      vf v[kSiluVectors];
+      for (int k = 0; k < kSiluVectors; ++k) v[k] = silu_mul_vec<T>(load16(g + i + k * kLanes), load16(u + i + k * kLanes));
+      for (int k = 0; k < kSiluVectors; ++k) store16(o + i + k * kLanes, v[k]);
+    }
     for (; i + kLanes <= I; i += kLanes) store16(o + i, silu_mul_vec<T>(load16(g + i), load16(u + i)));
+  }
   for (; i < I; ++i) o[i] = static_cast<T>(silu_mul_scalar(g[i], u[i]));
 }
 
@@ -302,14 +316,23 @@ template <typename T>
 float silu_mul_row_amax(const T* g, const T* u, float* o, int64_t I) {
   const int64_t i_vec = I - I % kLanes;
   vf vamax{};
-  for (int64_t i = 0; i < i_vec; i += kLanes) {
+  int64_t i = 0;
+  for (; i + kSiluVectors * kLanes <= i_vec; i += kSiluVectors * kLanes) {
+    vf v[kSiluVectors];
+    for (int k = 0; k < kSiluVectors; ++k) v[k] = silu_mul_vec<T>(load16(g + i + k * kLanes), load16(u + i + k * kLanes));
+    for (int k = 0; k < kSiluVectors; ++k) {
+      storeu(o + i + k * kLanes, v[k]);
+      vamax = vmax(vamax, vmax(v[k], -v[k]));
+    }
+  }
+  for (; i < i_vec; i += kLanes) {
     const vf v = silu_mul_vec<T>(load16(g + i), load16(u + i));
     storeu(o + i, v);
     vamax = vmax(vamax, vmax(v, -v));
   }
   float amax = 0.f;
   for (int j = 0; j < kLanes; ++j) amax = std::max(amax, vamax[j]);
-  for (int64_t i = i_vec; i < I; ++i) {
+  for (i = i_vec; i < I; ++i) {
     o[i] = silu_mul_scalar(g[i], u[i]);
     amax = std::max(amax, std::fabs(o[i]));
   }
@@ -317,8 +340,8 @@ float silu_mul_row_amax(const T* g, const T* u, float* o, int64_t I) {
 }
 
 // Rows per task of SiLU * mul: ~32K outputs. Its exp and division cost ~0.5 ns an output on one Zen 5
-// thread, ten times a norm's, so a task of grain()'s 128K would keep a 32-row decode batch on one
-// thread for ~80 us a layer; 32K makes a task ~20 us, past the cost of waking the second thread.
+// thread, ten times a norm's, so a task of 128K would keep a 32-row decode batch on one thread for
+// ~80 us a layer; 32K makes a task ~20 us, past the cost of waking the second thread.
 inline int64_t silu_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, width)); }
 
 // out[t, i] = round(round(silu(g)) * u) with g = gate_up[t, i], u = gate_up[t, I + i]; with quant.q
