@@ -109,7 +109,13 @@ def onednn_rows(rows: int, coarse: bool | None = None) -> int:
     build is ~1 ms a layer shape and oneDNN's rate is level at any count (a Zen 4 EPYC, two threads,
     400-420 GFLOP/s from 520 to 1,152 rows: benchmarks/onednn_shapes.py at ba1d303), while the coarse
     counts' padding cost 5-12% of a prefill's arithmetic (few_shot's 520 and 784 rows ran as 576 and
-    832): there calls go up to a multiple of 16 only, at most 15 zero rows."""
+    832): there calls go up to a multiple of 16 only, at most 15 zero rows.
+
+    Each cached primitive also keeps scratch memory of its own, growing with its rows: on an AMX Xeon
+    ~0.5 MB at up to 256 rows and 7-13 MB at 1-2K rows of a 1,024-column chunk 1,024-4,096 deep. So
+    primitives are built on first use, never ahead: building every count up to 1,024 rows at load held
+    110 MB of a bf16 server on a 100 M-parameter model (tests/test_memory_budget.py's), a third of its
+    weights, for ~26 ms saved at each count's first prefill."""
     if coarse is None:
         coarse = amx_bf16()
     step = max(16, (1 << ((rows - 1).bit_length() - 1)) // 8) if coarse and rows > 1 else 16
@@ -305,7 +311,7 @@ def _plain_linear(path: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.
 def use_cpu_gemm(model: nn.Module, use_small_gemm: bool = True) -> nn.Module:
     """Replaces every plain nn.Linear in `model` (decoder, projector, vision tower) by a CpuLinear
     holding its parameters, and an embedding tied to one of them by a lookup in its packed layout
-    (PackedRowsEmbedding), then packs and warms them; returns the model (a bare nn.Linear: its
+    (PackedRowsEmbedding), then packs them; returns the model (a bare nn.Linear: its
     CpuLinear). A no-op without oneDNN. The packing's report is kept on the model as
     `cpu_gemm_report` (the engine's start-up memory report reads it)."""
     if not torch.backends.mkldnn.is_available():
@@ -324,49 +330,7 @@ def use_cpu_gemm(model: nn.Module, use_small_gemm: bool = True) -> nn.Module:
     if tied:
         log.info("CPU GEMM: %s read their rows from the tied LM head's packed layout (one copy)", ", ".join(tied))
     model.__dict__["cpu_gemm_report"] = report
-    warm_onednn(list(layers.values()))
     return model
-
-
-WARM_ROWS = 1024  # oneDNN's primitives are built at load for every padded row count up to this
-# ... where the call's arithmetic is at most this: building a primitive took ~4-10 ms, so a warm-up
-# call much bigger than that costs more at load than its build saves later (a 7B model's MLP at a
-# few hundred rows is a second of arithmetic on two cores; its prefills dwarf the build anyway)
-WARM_MAX_FLOP = 4e9
-
-
-def warm_onednn(layers: list[CpuLinear], max_rows: int = WARM_ROWS) -> int:
-    """Runs one bf16 layer of each shape once at every padded row count (onednn_rows) up to max_rows
-    that the layer sends to oneDNN, so that the first prefills of each length find their primitives
-    built (see onednn_rows); returns the calls made. bf16 only, and only where the CPU has AMX: its
-    AMX primitives are the costly ones to build (the benchmark model's five decoder and four vision
-    tower shapes: ~1 s at load), while fp32's, and bf16's on AVX512_BF16 without AMX, cost little
-    more to build than to run (fp32: 1.05 s to warm, 0.97 s of it arithmetic) and are left to their
-    first use. Larger counts, and calls of more than WARM_MAX_FLOP, are built on first use."""
-    if not amx_bf16():
-        return 0
-    seen, calls = set(), 0
-    with torch.inference_mode():
-        for m in layers:
-            if not isinstance(m, CpuLinear):
-                continue
-            dtype = m.weight_dtype()
-            key = (m.in_features, m.out_features, dtype, m.bias is not None, m.packed is not None)
-            if key in seen or dtype != torch.bfloat16 or not native_bf16():
-                continue
-            seen.add(key)
-            for rows in sorted({onednn_rows(r) for r in range(1, max_rows + 1)}):
-                if 2 * rows * m.in_features * m.out_features > WARM_MAX_FLOP:
-                    break
-                if _goes_to_onednn(m, rows):
-                    m(torch.zeros(rows, m.in_features, dtype=dtype))
-                    calls += 1
-    return calls
-
-
-def _goes_to_onednn(m: CpuLinear, rows: int) -> bool:
-    """Whether CpuLinear.forward sends `rows` rows of the weight's dtype to oneDNN."""
-    return m.path(rows, m.weight_dtype()) in ("unpacked", "onednn", "upcast")
 
 
 def pack_weights(layers: dict[str, CpuLinear], shared: set[int] = frozenset(),
