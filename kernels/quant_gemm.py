@@ -3,7 +3,8 @@ and their PyTorch references.
 
 - W8A8 int8: x quantized per row at run time (max|x| / 127.5, round half to even, as
   compressed-tensors does), int8 x int8 sums exact in int32, then x_scale · w_scale (+ bias) in fp32.
-  On AVX512-VNNI (vpdpbusd) or AVX2 (vpmaddwd), chosen at run time by the CPU's flags.
+  On AMX (tdpbssd, from 9 rows, K a multiple of 64), AVX512-VNNI (vpdpbusd) or AVX2 (vpmaddwd),
+  chosen at run time by the CPU's flags and the call's shape.
 - W4A16: int4 groups unpacked and scaled in registers for decode rows (AVX-512; bf16 rows on
   AVX512-BF16's vdpbf16ps, the nibbles made bf16 by their exponent bits); for prefill rows the
   weight is unpacked to a full-precision matrix once per call and BLAS runs the product.
@@ -27,7 +28,7 @@ _SOURCES = [os.path.join(_DIR, name) for name in ("quant_int8_cpu.cpp", "quant_i
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}  # "ok": True, or "error": why it could not be built
 
-ISA_AVX2, ISA_VNNI = 1, 2
+ISA_AVX2, ISA_VNNI, ISA_AMX = 1, 2, 3
 INT8_QMAX = 127.5  # compressed-tensors' symmetric int8 range: (127 - (-128)) / 2
 
 
@@ -82,7 +83,9 @@ def _op(namespace: str, name: str):
 
 
 def int8_isa() -> int:
-    """The int8 path here: ISA_VNNI, ISA_AVX2, or 0 (not built, or neither: the reference runs)."""
+    """The best int8 path here: ISA_AMX (VNNI for decode rows and K not a multiple of 64), ISA_VNNI,
+    ISA_AVX2, or 0 (not built, or none: the reference runs). An explicit isa of ISA_AMX runs the tiles
+    at any row count (K permitting)."""
     return int(torch.ops.vlserve_int8.int8_isa()) if available() else 0
 
 

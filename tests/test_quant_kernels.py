@@ -1,5 +1,5 @@
 """The quantized CPU GEMMs (kernels/quant_gemm.py) against their PyTorch references: the int8 sums
-exactly, the fp32 epilogues to 1e-5, on every path this CPU has (AVX512-VNNI and AVX2 for int8)."""
+exactly, the fp32 epilogues to 1e-5, on every path this CPU has (AMX, AVX512-VNNI and AVX2 for int8)."""
 
 import pytest
 import torch
@@ -7,9 +7,10 @@ import torch
 from vlserve.kernels import quant_gemm
 
 # shapes: edges of every block size (rows 1-6 cross the VNNI 6-row x 4-block tile, 7-32 the 8 x 3 one
-# and AVX2's 4-row blocks; N not a multiple of 16, 48 or 64; K not a multiple of 4) and a decode-sized layer
+# and AVX2's 4-row blocks; N not a multiple of 16, 48 or 64; K not a multiple of 4), a decode-sized layer,
+# and AMX's edges (K a multiple of 64, which it needs; rows across its 16-row tiles and 32-row passes)
 INT8_SHAPES = [(1, 64, 16), (5, 70, 33), (7, 130, 100), (8, 96, 80), (9, 130, 100), (13, 64, 257),
-               (32, 512, 384)]
+               (32, 512, 384), (16, 128, 48), (17, 192, 40), (33, 256, 100), (80, 1024, 96)]
 INT4_SHAPES = [(1, 64, 16, 32), (3, 128, 40, 64), (6, 256, 200, 128), (17, 512, 96, 32)]
 
 
@@ -20,7 +21,7 @@ def built():
 
 def int8_isas():
     isa = quant_gemm.int8_isa()
-    return [i for i in (quant_gemm.ISA_AVX2, quant_gemm.ISA_VNNI) if i <= isa]
+    return [i for i in (quant_gemm.ISA_AVX2, quant_gemm.ISA_VNNI, quant_gemm.ISA_AMX) if i <= isa]
 
 
 def _int8_case(m, k, n, seed):
@@ -32,7 +33,7 @@ def _int8_case(m, k, n, seed):
 
 
 def test_a_path_runs_here(built):
-    assert quant_gemm.int8_isa() in (quant_gemm.ISA_AVX2, quant_gemm.ISA_VNNI)
+    assert quant_gemm.int8_isa() in (quant_gemm.ISA_AVX2, quant_gemm.ISA_VNNI, quant_gemm.ISA_AMX)
 
 
 def test_row_quantization_matches_compressed_tensors_rounding(built):

@@ -15,7 +15,12 @@
 // - AVX2: each 8-column half of a block's step (32 bytes) is sign-extended to int16 and multiplied
 //   by x's four int16 values with vpmaddwd (exact: no saturation, unlike vpmaddubsw), two int32
 //   lanes per column folded at the end. Register block: 4 rows x 8 columns.
-// Threads split the column groups (the tile's blocks; 4 on AVX2); within one, row blocks pass over the
+// - AMX (Intel Xeons from Sapphire Rapids; K a multiple of 64): the packed weight's 16 steps of one block
+//   are one 16 x 64-byte tile as tdpbssd reads it, signed x signed (no q + 128, no comp); the rows go
+//   in tiles of 16 (a copy padded with zero rows), 32 rows x 2 blocks a pass (tiles 0-3 the sums,
+//   4-5 the rows, 6-7 the weights). Chosen from kAmxMinRows rows (below, VNNI is as fast: the weights'
+//   stream is the bound).
+// Threads split the column groups (the tile's blocks; 4 on AVX2; 2 on AMX); within one, row blocks pass over the
 // group's weights (48-64 x K bytes, held in L2). A group's first pass fetches its own lines ahead into
 // L1, 1 KB on the 6-row tile, 2 KB on the 8-row one (the hardware prefetcher alone ran 1-8 rows ~20%
 // slower). Where there are two passes or
@@ -27,6 +32,10 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,6 +44,8 @@
 
 #define VLSERVE_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define VLSERVE_AVX2 __attribute__((target("avx2,fma")))
+#define VLSERVE_AMX_INT8 \
+  __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 namespace {
 
@@ -44,7 +55,13 @@ constexpr int64_t kGroupBlocks = 4;  // blocks per thread task on AVX2 (64 colum
 // one, whose 8 rows take longer over each line (measured: 1 KB ahead 4% slower at 8 rows, 2 KB 1% slower
 // at 1 row)
 constexpr int64_t stream_steps(int rows) { return rows > 6 ? 32 : 16; }
-constexpr int kIsaAvx2 = 1, kIsaVnni = 2;
+constexpr int kIsaAvx2 = 1, kIsaVnni = 2, kIsaAmx = 3;
+constexpr int64_t kAmxSteps = 16;       // K steps (of four) in one tile: 64 bytes of a row
+constexpr int64_t kAmxGroupBlocks = 2;  // blocks per thread task on AMX (32 columns: tiles 6-7)
+// The automatic choice takes AMX from this many rows: up to 8 the VNNI tile is one pass over streamed
+// weights and level or faster (a Xeon with AMX, 2 threads, 1536 x 4096: 111 against 127 us at 8 rows),
+// from 9 it takes two passes (16 rows: 186 against 128 us; 32 rows 322 against 142).
+constexpr int64_t kAmxMinRows = 9;
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
@@ -59,15 +76,37 @@ bool has_avx2() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-// The best path here: 2 (AVX512-VNNI), 1 (AVX2), 0 (neither: the PyTorch reference runs).
-int64_t int8_isa() { return has_vnni() ? kIsaVnni : has_avx2() ? kIsaAvx2 : 0; }
+// AMX-TILE and AMX-INT8 (CPUID 7.0 EDX bits 24, 25), and the tile state granted to this process (Linux
+// gives it only when asked: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, once per process).
+bool has_amx_int8() {
+  static const bool usable = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1)) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return usable && has_vnni();
+}
+
+// The best path here: 3 (AMX, with VNNI for decode rows), 2 (AVX512-VNNI), 1 (AVX2), 0 (none: the
+// PyTorch reference runs).
+int64_t int8_isa() { return has_amx_int8() ? kIsaAmx : has_vnni() ? kIsaVnni : has_avx2() ? kIsaAvx2 : 0; }
 
 int resolve_isa(int64_t requested) {
   const int64_t best = int8_isa();
   const int64_t isa = requested < 0 ? best : requested;
-  TORCH_CHECK(isa == kIsaVnni || isa == kIsaAvx2, "int8 GEMM: no path for isa ", isa);
+  TORCH_CHECK(isa == kIsaAmx || isa == kIsaVnni || isa == kIsaAvx2, "int8 GEMM: no path for isa ", isa);
   TORCH_CHECK(isa <= best || (isa == kIsaAvx2 && has_avx2()), "int8 GEMM: this CPU lacks the flags for isa ", isa);
   return static_cast<int>(isa);
+}
+
+// The path one call takes: AMX needs K in whole tiles (64 bytes); left to choose (requested < 0), rows
+// under kAmxMinRows go to VNNI.
+int call_isa(int64_t requested, int64_t M, int64_t steps) {
+  const int isa = resolve_isa(requested);
+  if (isa != kIsaAmx) return isa;
+  if (steps % kAmxSteps != 0 || (requested < 0 && M < kAmxMinRows)) return kIsaVnni;
+  return kIsaAmx;
 }
 
 // w [N, K] int8 -> (packed [N/16, K/4, 16, 4] int8, comp [N/16 * 16] int32 = 128 · Σ_k w[n][k]).
@@ -193,18 +232,20 @@ struct Out {
   }
 };
 
-template <int R, int C>
-VLSERVE_VNNI void epilogue_vnni(const int32_t (*res)[C][kCols], const int32_t* comp, int64_t m0, int64_t b0,
-                                const Out& out) {
+// rows x C blocks of sums from column block b0, less comp (the VNNI path's 128 · Σ w; null: nothing to
+// take off) -> out
+template <int C>
+VLSERVE_VNNI void epilogue_vnni(const int32_t (*res)[C][kCols], int rows, const int32_t* comp, int64_t m0,
+                                int64_t b0, const Out& out) {
   alignas(64) int32_t sums[kCols];
   for (int c = 0; c < C; ++c) {
     const int64_t n0 = (b0 + c) * kCols;
-    const __m512i cv = _mm512_loadu_si512(comp + n0);
+    const __m512i cv = comp ? _mm512_loadu_si512(comp + n0) : _mm512_setzero_si512();
     const __mmask16 edge = static_cast<__mmask16>((1u << std::min<int64_t>(kCols, out.N - n0)) - 1);
     const bool scaled = out.y || out.y16;
     const __m512 ws = scaled ? _mm512_maskz_loadu_ps(edge, out.w_scale + n0) : _mm512_setzero_ps();
     const __m512 bias = out.bias ? _mm512_maskz_loadu_ps(edge, out.bias + n0) : _mm512_setzero_ps();
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < rows; ++r) {
       const __m512i v = _mm512_sub_epi32(_mm512_load_si512(res[r][c]), cv);
       if (scaled) {  // the fp32 epilogue: sums · x_scale · w_scale + bias
         const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(out.x_scale[m0 + r]), ws);
@@ -268,7 +309,77 @@ VLSERVE_VNNI void block_vnni(const uint8_t* xu, int64_t ldx, const int8_t* packe
   alignas(64) int32_t res[R][C][kCols];
   _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
     _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) _mm512_store_si512(res[r][c], acc[r][c]);
-  epilogue_vnni<R, C>(res, comp, m0, b0, out);
+  epilogue_vnni<C>(res, R, comp, m0, b0, out);
+}
+
+// The AMX tile configuration for a thread's task: eight tiles of 16 rows x 64 bytes (tiles 0-3: 16 x 16
+// int32 sums; 4-5: 16 rows of 64 activations; 6-7: 16 steps of one block's 16 columns x 4), released
+// after (oneDNN on the same thread loads its own).
+struct AmxInt8Tiles {
+  VLSERVE_AMX_INT8 AmxInt8Tiles() {
+    alignas(64) uint8_t config[64] = {};
+    config[0] = 1;  // palette 1
+    for (int t = 0; t < 8; ++t) {
+      config[16 + 2 * t] = 64;  // bytes per row, uint16 little-endian
+      config[48 + t] = 16;      // rows
+    }
+    // GCC 12 does not see ldtilecfg read the bytes written above and drops those stores without this
+    __asm__ volatile("" : : "r"(config) : "memory");
+    _tile_loadconfig(config);
+  }
+  VLSERVE_AMX_INT8 ~AmxInt8Tiles() { _tile_release(); }
+  AmxInt8Tiles(const AmxInt8Tiles&) = delete;
+  AmxInt8Tiles& operator=(const AmxInt8Tiles&) = delete;
+};
+
+// Rows m0 .. m0 + 16·RT of xa (padded: every tile's 16 rows exist) against blocks b0 .. b0 + C, the sums
+// of the first `rows` rows to out.
+template <int RT, int C>
+VLSERVE_AMX_INT8 void block_amx(const int8_t* xa, int64_t ldx, const int8_t* packed, int64_t steps, int64_t m0,
+                                int64_t b0, int rows, const Out& out) {
+  static_assert((RT == 1 || RT == 2) && (C == 1 || C == 2), "two row tiles and two weight tiles at most");
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int8_t* w0 = packed + b0 * steps * 64;
+  const int8_t* x0 = xa + m0 * ldx;
+  for (int64_t s = 0; s < steps; s += kAmxSteps) {
+    _tile_loadd(6, w0 + s * 64, 64);
+    if (C > 1) _tile_loadd(7, w0 + (steps + s) * 64, 64);
+    _tile_loadd(4, x0 + 4 * s, ldx);
+    _tile_dpbssd(0, 4, 6);
+    if (C > 1) _tile_dpbssd(1, 4, 7);
+    if (RT > 1) {
+      _tile_loadd(5, x0 + 16 * ldx + 4 * s, ldx);
+      _tile_dpbssd(2, 5, 6);
+      if (C > 1) _tile_dpbssd(3, 5, 7);
+    }
+  }
+  alignas(64) int32_t res[16 * RT][C][kCols];
+  constexpr int64_t stride = C * kCols * 4;
+  _tile_stored(0, &res[0][0][0], stride);
+  if (C > 1) _tile_stored(1, &res[0][1][0], stride);
+  if (RT > 1) {
+    _tile_stored(2, &res[16][0][0], stride);
+    if (C > 1) _tile_stored(3, &res[16][1][0], stride);
+  }
+  epilogue_vnni<C>(res, rows, nullptr, m0, b0, out);
+}
+
+// Every row of one column group (nb blocks, 1 or 2) on AMX: 32 rows a pass, the last 16 alone.
+void amx_group(const int8_t* xa, int64_t M, int64_t ldx, const int8_t* packed, int64_t steps, int64_t b0,
+               int64_t nb, const Out& out) {
+  for (int64_t m = 0; m < M; m += 32) {
+    const int rows = static_cast<int>(std::min<int64_t>(32, M - m));
+    if (rows > 16) {
+      nb == 2 ? block_amx<2, 2>(xa, ldx, packed, steps, m, b0, rows, out)
+              : block_amx<2, 1>(xa, ldx, packed, steps, m, b0, rows, out);
+    } else {
+      nb == 2 ? block_amx<1, 2>(xa, ldx, packed, steps, m, b0, rows, out)
+              : block_amx<1, 1>(xa, ldx, packed, steps, m, b0, rows, out);
+    }
+  }
 }
 
 template <int R>
@@ -387,23 +498,40 @@ VLSERVE_VNNI void flip_signs(const int8_t* q, int64_t n, uint8_t* u) {
   for (; i < n; ++i) u[i] = static_cast<uint8_t>(q[i]) ^ 0x80u;
 }
 
-void run_gemm(int isa, const at::Tensor& xq, const at::Tensor& packed, const at::Tensor& comp, const Out& out) {
+// xq's M rows as tiles read them: a copy with zero rows up to a multiple of 16
+void pad_rows_to_tiles(const int8_t* x, int64_t M, int64_t K, std::vector<int8_t>& buf) {
+  const size_t n = static_cast<size_t>((M + 15) / 16 * 16 * K);
+  if (buf.size() < n) buf.resize(n);
+  std::memcpy(buf.data(), x, static_cast<size_t>(M * K));
+  std::memset(buf.data() + M * K, 0, n - static_cast<size_t>(M * K));
+}
+
+void run_gemm(int64_t requested_isa, const at::Tensor& xq, const at::Tensor& packed, const at::Tensor& comp,
+              const Out& out) {
   TORCH_CHECK(xq.dim() == 2 && xq.scalar_type() == at::kChar && xq.is_contiguous(), "int8 GEMM: xq must be a "
               "contiguous [M, K/4*4] int8 tensor");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 4 && xq.size(1) == 4 * packed.size(1),
               "int8 GEMM: packed weight ", packed.sizes(), " does not fit activations ", xq.sizes());
   TORCH_CHECK(comp.numel() == packed.size(0) * kCols && out.N <= comp.numel(), "int8 GEMM: N / comp mismatch");
   const int64_t M = xq.size(0), steps = packed.size(1), blocks = (out.N + kCols - 1) / kCols;
-  const int64_t group_blocks = isa == kIsaVnni ? vnni_tile(M).blocks : kGroupBlocks;
+  const int isa = call_isa(requested_isa, M, steps);
+  const int64_t group_blocks = isa == kIsaAmx ? kAmxGroupBlocks : isa == kIsaVnni ? vnni_tile(M).blocks : kGroupBlocks;
   const int64_t groups = (blocks + group_blocks - 1) / group_blocks;
   const int8_t* x = xq.data_ptr<int8_t>();
   // the VNNI path reads the activations as u8, q + 128: the sign bit flipped, once per call; decode
   // rows into a buffer the calling thread keeps (no allocation per call), prefill rows into their own
   constexpr size_t kKeptBytes = size_t{1} << 20;
   static thread_local std::vector<uint8_t> kept;
+  static thread_local std::vector<int8_t> kept_tiles;
   std::vector<uint8_t> own;
+  std::vector<int8_t> own_tiles;
   uint8_t* xu = nullptr;
-  if (isa == kIsaVnni) {
+  const int8_t* xa = nullptr;  // AMX: the rows padded to whole tiles
+  if (isa == kIsaAmx) {
+    std::vector<int8_t>& buf = static_cast<size_t>(xq.numel()) <= kKeptBytes ? kept_tiles : own_tiles;
+    pad_rows_to_tiles(x, M, xq.size(1), buf);
+    xa = buf.data();
+  } else if (isa == kIsaVnni) {
     const size_t n = static_cast<size_t>(xq.numel());
     std::vector<uint8_t>& buf = n <= kKeptBytes ? kept : own;
     if (buf.size() < n) buf.resize(n);
@@ -412,6 +540,16 @@ void run_gemm(int isa, const at::Tensor& xq, const at::Tensor& packed, const at:
   }
   const int8_t* w = packed.data_ptr<int8_t>();
   const int32_t* c = comp.data_ptr<int32_t>();
+  if (isa == kIsaAmx) {
+    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+      const AmxInt8Tiles tiles;
+      for (int64_t g = begin; g < end; ++g) {
+        const int64_t b0 = g * group_blocks;
+        amx_group(xa, M, xq.size(1), w, steps, b0, std::min(group_blocks, blocks - b0), out);
+      }
+    });
+    return;
+  }
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const int64_t b0 = g * group_blocks, nb = std::min(group_blocks, blocks - b0);
@@ -428,7 +566,7 @@ at::Tensor int8_gemm_int32(const at::Tensor& xq, const at::Tensor& packed, const
   Out out;
   out.raw = raw.data_ptr<int32_t>();
   out.N = N;
-  run_gemm(resolve_isa(isa), xq, packed, comp, out);
+  run_gemm(isa, xq, packed, comp, out);
   return raw;
 }
 
@@ -454,7 +592,7 @@ at::Tensor int8_linear_quantized(const at::Tensor& xq, const at::Tensor& x_scale
   out.w_scale = ws.data_ptr<float>();
   out.bias = b.defined() ? b.data_ptr<float>() : nullptr;
   out.N = N;
-  run_gemm(resolve_isa(isa), xq, packed, comp, out);
+  run_gemm(isa, xq, packed, comp, out);
   return y;
 }
 
