@@ -41,6 +41,9 @@ class Scope {
       config[16 + 2 * t] = static_cast<uint8_t>(shapes[t].bytes);  // colsb[t], uint16 little-endian
       config[48 + t] = static_cast<uint8_t>(shapes[t].rows);
     }
+    // GCC 12 does not see ldtilecfg read these bytes and may drop the stores above without this
+    // (it did in quant_int8_cpu.cpp, whose constant shapes it folded: every tile left unconfigured)
+    __asm__ volatile("" : : "r"(config) : "memory");
     _tile_loadconfig(config);
   }
   ~Scope() { _tile_release(); }
