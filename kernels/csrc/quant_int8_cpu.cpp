@@ -44,8 +44,14 @@
 
 #define VLSERVE_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define VLSERVE_AVX2 __attribute__((target("avx2,fma")))
+// The AMX path needs a compiler that knows its intrinsics (GCC 11, Clang 12); built without it, the
+// CPU's AMX goes unused and VNNI runs every row count.
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || \
+                            (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define VLSERVE_AMX_INT8_BUILT 1
 #define VLSERVE_AMX_INT8 \
   __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#endif
 
 namespace {
 
@@ -79,6 +85,7 @@ bool has_avx2() {
 // AMX-TILE and AMX-INT8 (CPUID 7.0 EDX bits 24, 25), and the tile state granted to this process (Linux
 // gives it only when asked: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, once per process).
 bool has_amx_int8() {
+#ifdef VLSERVE_AMX_INT8_BUILT
   static const bool usable = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1)) return false;
@@ -86,6 +93,9 @@ bool has_amx_int8() {
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
   return usable && has_vnni();
+#else
+  return false;
+#endif
 }
 
 // The best path here: 3 (AMX, with VNNI for decode rows), 2 (AVX512-VNNI), 1 (AVX2), 0 (none: the
@@ -312,6 +322,7 @@ VLSERVE_VNNI void block_vnni(const uint8_t* xu, int64_t ldx, const int8_t* packe
   epilogue_vnni<C>(res, R, comp, m0, b0, out);
 }
 
+#ifdef VLSERVE_AMX_INT8_BUILT
 // The AMX tile configuration for a thread's task: eight tiles of 16 rows x 64 bytes (tiles 0-3: 16 x 16
 // int32 sums; 4-5: 16 rows of 64 activations; 6-7: 16 steps of one block's 16 columns x 4), released
 // after (oneDNN on the same thread loads its own).
@@ -381,6 +392,8 @@ void amx_group(const int8_t* xa, int64_t M, int64_t ldx, const int8_t* packed, i
     }
   }
 }
+
+#endif  // VLSERVE_AMX_INT8_BUILT
 
 template <int R>
 VLSERVE_AVX2 void half_block_avx2(const int8_t* xq, int64_t ldx, const int8_t* packed, int64_t steps, int64_t m0,
@@ -526,7 +539,7 @@ void run_gemm(int64_t requested_isa, const at::Tensor& xq, const at::Tensor& pac
   std::vector<uint8_t> own;
   std::vector<int8_t> own_tiles;
   uint8_t* xu = nullptr;
-  const int8_t* xa = nullptr;  // AMX: the rows padded to whole tiles
+  [[maybe_unused]] const int8_t* xa = nullptr;  // AMX: the rows padded to whole tiles
   if (isa == kIsaAmx) {
     std::vector<int8_t>& buf = static_cast<size_t>(xq.numel()) <= kKeptBytes ? kept_tiles : own_tiles;
     pad_rows_to_tiles(x, M, xq.size(1), buf);
@@ -540,6 +553,7 @@ void run_gemm(int64_t requested_isa, const at::Tensor& xq, const at::Tensor& pac
   }
   const int8_t* w = packed.data_ptr<int8_t>();
   const int32_t* c = comp.data_ptr<int32_t>();
+#ifdef VLSERVE_AMX_INT8_BUILT
   if (isa == kIsaAmx) {
     at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
       const AmxInt8Tiles tiles;
@@ -550,6 +564,7 @@ void run_gemm(int64_t requested_isa, const at::Tensor& xq, const at::Tensor& pac
     });
     return;
   }
+#endif
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const int64_t b0 = g * group_blocks, nb = std::min(group_blocks, blocks - b0);
