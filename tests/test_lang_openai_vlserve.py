@@ -18,10 +18,11 @@ def url():
 
 
 def caption_fields(s):
-    # The built-in model, asked for a caption with no picture, still writes one in its own form: begun
-    # "A red square,", it goes on " a blue triangle and a purple triangle." - so "first" is the shape
-    # before " and", "second" the one after it.
-    s += "USER: What is in the image? ASSISTANT: A red square,"
+    # The built-in model, asked for a caption with no picture, still writes one in its own form when two
+    # shapes begin it: begun "A red square, a blue circle,", it goes on " a yellow triangle and an orange
+    # triangle." - so "first" is the shape before " and", "second" the one after it. (Begun with one shape,
+    # stage 7 drifts into its "cannot tell" sentence: the picture it was asked about is missing.)
+    s += "USER: What is in the image? ASSISTANT: A red square, a blue circle,"
     s += sgl.gen("first", stop=" and") + " and" + sgl.gen("second", stop=".") + "."
 
 
