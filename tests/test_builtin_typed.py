@@ -102,7 +102,7 @@ def test_a_plain_stream_draws_exactly_as_before():
         assert [qa.question for qa in got.qas] == [qa.question for qa in want.qas]
 
 
-def test_the_chat_template_puts_a_shouted_message_in_sentence_case():
+def test_the_chat_template_puts_a_shouted_message_in_lower_case():
     from transformers import AutoTokenizer
 
     from training.builtin.tokenizer import BUILTIN_CHAT_TEMPLATE
@@ -113,7 +113,7 @@ def test_the_chat_template_puts_a_shouted_message_in_sentence_case():
     render = lambda text: tok.apply_chat_template(  # noqa: E731
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}], tokenize=False,
         add_generation_prompt=True)
-    assert render("WHERE IS THE RED SQUARE?") == "<s>USER: <image>\nWhere is the red square? ASSISTANT: "
+    assert render("WHERE IS THE RED SQUARE?") == "<s>USER: <image>\nwhere is the red square? ASSISTANT: "
     assert render("Is the RED square there?").endswith("\nIs the RED square there? ASSISTANT: ")
     assert render("how many?").endswith("\nhow many? ASSISTANT: ")
 
