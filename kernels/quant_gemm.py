@@ -25,6 +25,7 @@ import torch
 
 _DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _SOURCES = [os.path.join(_DIR, name) for name in ("quant_int8_cpu.cpp", "quant_int4_cpu.cpp")]
+_HEADERS = [os.path.join(_DIR, "amx_cpu.h")]  # the tile scope; part of the build's name
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}  # "ok": True, or "error": why it could not be built
 
@@ -38,7 +39,7 @@ def _build() -> None:
     from .cpu_attention import clear_stale_build_lock
 
     digest = hashlib.sha1()
-    for path in _SOURCES:
+    for path in _SOURCES + _HEADERS:
         with open(path, "rb") as f:
             digest.update(f.read())
     name = "vlserve_quant_gemm_" + digest.hexdigest()[:10]

@@ -33,8 +33,6 @@
 #include <immintrin.h>
 
 #include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -42,13 +40,13 @@
 #include <cstring>
 #include <vector>
 
+#include "amx_cpu.h"
+
 #define VLSERVE_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define VLSERVE_AVX2 __attribute__((target("avx2,fma")))
-// The AMX path needs a compiler that knows its intrinsics (GCC 11, Clang 12); built without it, the
-// CPU's AMX goes unused and VNNI runs every row count.
-#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || \
-                            (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
-#define VLSERVE_AMX_INT8_BUILT 1
+// The AMX path needs a compiler that knows its intrinsics (VLSERVE_AMX_TILES, amx_cpu.h); built
+// without one, the CPU's AMX goes unused and VNNI runs every row count.
+#ifdef VLSERVE_AMX_TILES
 #define VLSERVE_AMX_INT8 \
   __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #endif
@@ -82,17 +80,14 @@ bool has_avx2() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-// AMX-TILE and AMX-INT8 (CPUID 7.0 EDX bits 24, 25), and the tile state granted to this process (Linux
-// gives it only when asked: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, once per process).
+// AMX-INT8 (CPUID 7.0 EDX bit 25) and the tile state granted to this process (vlserve_amx::usable).
 bool has_amx_int8() {
-#ifdef VLSERVE_AMX_INT8_BUILT
-  static const bool usable = [] {
+#ifdef VLSERVE_AMX_TILES
+  static const bool flag = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1)) return false;
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 25) & 1);
   }();
-  return usable && has_vnni();
+  return flag && vlserve_amx::usable() && has_vnni();
 #else
   return false;
 #endif
@@ -245,7 +240,7 @@ struct Out {
 // rows x C blocks of sums from column block b0, less comp (the VNNI path's 128 · Σ w; null: nothing to
 // take off) -> out
 template <int C>
-VLSERVE_VNNI void epilogue_vnni(const int32_t (*res)[C][kCols], int rows, const int32_t* comp, int64_t m0,
+VLSERVE_VNNI void epilogue_512(const int32_t (*res)[C][kCols], int rows, const int32_t* comp, int64_t m0,
                                 int64_t b0, const Out& out) {
   alignas(64) int32_t sums[kCols];
   for (int c = 0; c < C; ++c) {
@@ -319,29 +314,14 @@ VLSERVE_VNNI void block_vnni(const uint8_t* xu, int64_t ldx, const int8_t* packe
   alignas(64) int32_t res[R][C][kCols];
   _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
     _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) _mm512_store_si512(res[r][c], acc[r][c]);
-  epilogue_vnni<C>(res, R, comp, m0, b0, out);
+  epilogue_512<C>(res, R, comp, m0, b0, out);
 }
 
-#ifdef VLSERVE_AMX_INT8_BUILT
-// The AMX tile configuration for a thread's task: eight tiles of 16 rows x 64 bytes (tiles 0-3: 16 x 16
-// int32 sums; 4-5: 16 rows of 64 activations; 6-7: 16 steps of one block's 16 columns x 4), released
-// after (oneDNN on the same thread loads its own).
-struct AmxInt8Tiles {
-  VLSERVE_AMX_INT8 AmxInt8Tiles() {
-    alignas(64) uint8_t config[64] = {};
-    config[0] = 1;  // palette 1
-    for (int t = 0; t < 8; ++t) {
-      config[16 + 2 * t] = 64;  // bytes per row, uint16 little-endian
-      config[48 + t] = 16;      // rows
-    }
-    // GCC 12 does not see ldtilecfg read the bytes written above and drops those stores without this
-    __asm__ volatile("" : : "r"(config) : "memory");
-    _tile_loadconfig(config);
-  }
-  VLSERVE_AMX_INT8 ~AmxInt8Tiles() { _tile_release(); }
-  AmxInt8Tiles(const AmxInt8Tiles&) = delete;
-  AmxInt8Tiles& operator=(const AmxInt8Tiles&) = delete;
-};
+#ifdef VLSERVE_AMX_TILES
+// The tiles of a thread's task, all 16 rows x 64 bytes: 0-3 16 x 16 int32 sums; 4-5 16 rows of 64
+// activations; 6-7 16 steps of one block's 16 columns x 4.
+constexpr vlserve_amx::TileShape kInt8Tiles[8] = {{16, 64}, {16, 64}, {16, 64}, {16, 64},
+                                                   {16, 64}, {16, 64}, {16, 64}, {16, 64}};
 
 // Rows m0 .. m0 + 16·RT of xa (padded: every tile's 16 rows exist) against blocks b0 .. b0 + C, the sums
 // of the first `rows` rows to out.
@@ -375,7 +355,7 @@ VLSERVE_AMX_INT8 void block_amx(const int8_t* xa, int64_t ldx, const int8_t* pac
     _tile_stored(2, &res[16][0][0], stride);
     if (C > 1) _tile_stored(3, &res[16][1][0], stride);
   }
-  epilogue_vnni<C>(res, rows, nullptr, m0, b0, out);
+  epilogue_512<C>(res, rows, nullptr, m0, b0, out);
 }
 
 // Every row of one column group (nb blocks, 1 or 2) on AMX: 32 rows a pass, the last 16 alone.
@@ -393,7 +373,7 @@ void amx_group(const int8_t* xa, int64_t M, int64_t ldx, const int8_t* packed, i
   }
 }
 
-#endif  // VLSERVE_AMX_INT8_BUILT
+#endif  // VLSERVE_AMX_TILES
 
 template <int R>
 VLSERVE_AVX2 void half_block_avx2(const int8_t* xq, int64_t ldx, const int8_t* packed, int64_t steps, int64_t m0,
@@ -553,10 +533,10 @@ void run_gemm(int64_t requested_isa, const at::Tensor& xq, const at::Tensor& pac
   }
   const int8_t* w = packed.data_ptr<int8_t>();
   const int32_t* c = comp.data_ptr<int32_t>();
-#ifdef VLSERVE_AMX_INT8_BUILT
+#ifdef VLSERVE_AMX_TILES
   if (isa == kIsaAmx) {
     at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-      const AmxInt8Tiles tiles;
+      const vlserve_amx::Scope tiles(kInt8Tiles);
       for (int64_t g = begin; g < end; ++g) {
         const int64_t b0 = g * group_blocks;
         amx_group(xa, M, xq.size(1), w, steps, b0, std::min(group_blocks, blocks - b0), out);
