@@ -17,7 +17,8 @@ from training.builtin.attention_targets import (
 )
 from training.builtin.place_targets import UNIFORM_VARIANCE, PlaceBatch, PlaceHead, PlaceTarget
 from training.builtin.train import (
-    IMAGE_SIZE, AuxHead, BatchMaker, build_image_processor, build_model, losses, patch_targets, warm_start,
+    IMAGE_SIZE, AuxHead, BatchMaker, build_image_processor, build_model, losses, patch_targets,
+    resized_position_embedding, warm_start,
 )
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
@@ -260,6 +261,32 @@ def test_warm_start_copies_the_checkpoint():
     assert old_state.keys() == new_state.keys()
     for k in old_state:
         assert torch.equal(old_state[k], new_state[k]), k
+
+
+def test_warm_start_at_another_image_size_resamples_the_position_table():
+    from transformers import LlavaForConditionalGeneration
+
+    tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
+    old = LlavaForConditionalGeneration.from_pretrained(BUILTIN_MODEL_DIR).state_dict()
+    new = build_model(tok, image_size=128)
+    warm_start(new, tok, BUILTIN_MODEL_DIR)
+    key = "model.vision_tower.embeddings.position_embedding.weight"
+    table = new.state_dict()[key]
+    assert table.shape == (1 + 8 * 8, old[key].shape[1])
+    assert torch.equal(table[0], old[key][0])  # the class token's row is not a place
+    # the corners of the 8x8 grid sit nearer the old 6x6 corners than the middle does
+    corner, middle = table[1], table[1 + 4 * 8 + 4]
+    assert (corner - old[key][1]).norm() < (middle - old[key][1]).norm()
+    assert all(torch.equal(new.state_dict()[k], v) for k, v in old.items() if k != key)
+
+
+def test_position_table_resampled_to_its_own_grid_is_unchanged():
+    table = torch.randn(1 + 6 * 6, 16)
+    assert torch.allclose(resized_position_embedding(table, 6), table, atol=1e-6)
+    ramp = torch.arange(4.0).repeat(4).reshape(16, 1)  # column index, on a 4x4 grid
+    wide = resized_position_embedding(torch.cat([torch.zeros(1, 1), ramp]), 8)[1:].reshape(8, 8)
+    assert torch.all(wide[:, 1:] >= wide[:, :-1])  # still rising to the right
+    assert torch.allclose(wide[0], wide[7])  # and the same in every row
 
 
 def test_attention_loss_is_minus_log_mass_on_the_keys(maker):

@@ -47,6 +47,13 @@ def test_crowded_pictures_have_five_or_six_mostly_visible_shapes():
             assert (mask == k).sum() >= typed.CROWDED_VISIBLE * scenes.shape_mask(s).sum()
 
 
+@pytest.mark.parametrize("share,crowded", [(1.0, 20), (0.0, 0)])
+def test_the_crowded_share_decides_how_many_pictures_are_crowded(share, crowded):
+    rng = random.Random(3)
+    scenes_drawn = [typed.typed_scene(rng, crowded_share=share) for _ in range(20)]
+    assert sum(len(s.objects[0]) >= 5 for s in scenes_drawn) == crowded
+
+
 def test_counts_reach_six_and_out_of_world_questions_get_the_fixed_sentence(drawn):
     counts = {qa.answer for sc in drawn for qa in sc.qas if qa.qtype == "count"}
     assert {"Five.", "Six."} <= counts

@@ -37,7 +37,8 @@ spent. Most prompts end with the chat template's "ASSISTANT: " and the answer fo
 tokens (no leading space); RAW_PROMPT_SHARE of them end with a bare "ASSISTANT:" and the answer
 carries the space, so raw prompts written by hand still work.
 
-`--init DIR` starts from an earlier checkpoint of the same shape: every weight is copied, and each
+`--init DIR` starts from an earlier checkpoint of the same shape (or another `--image-size`: the
+vision tower's position table is resampled to the new patch grid): every weight is copied, and each
 token of the new vocabulary starts from the old embedding (and output row) of the same text, or of
 the same word with a leading space, or the mean of the old pieces it splits into. With `--steps` the
 run is deterministic from its seed; with `--minutes` the step count is fixed after timing the first
@@ -139,6 +140,7 @@ class TrainArgs:
     turn_priority: dict[str, float] = field(default_factory=dict)  # overrides of TURN_PRIORITY
     multi_scene_share: float = 0.0  # of the image batches: few-shot rows, a new picture every turn
     typed_share: float = 0.0  # of the scenes: typed.py's (crowded, relations, out-of-world questions, typed phrasing)
+    crowded_share: float = typed.CROWDED_SHARE  # of typed.py's drawn pictures: five or six smaller shapes
 
 
 # ---------------------------------------------------------------- model and processor
@@ -221,6 +223,10 @@ def warm_start(model, tokenizer, init: Path) -> None:
     old_tok = AutoTokenizer.from_pretrained(init)
     vocab_keys = {"model.language_model.embed_tokens.weight", "lm_head.weight"}
     state = {k: v for k, v in old.state_dict().items() if k not in vocab_keys}
+    pos_key = "model.vision_tower.embeddings.position_embedding.weight"
+    want = model.state_dict()[pos_key].shape[0]
+    if state[pos_key].shape[0] != want:
+        state[pos_key] = resized_position_embedding(state[pos_key], math.isqrt(want - 1))
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert set(missing) == vocab_keys and not unexpected, (missing, unexpected)
     old_vocab = old_tok.get_vocab()
@@ -238,6 +244,15 @@ def warm_start(model, tokenizer, init: Path) -> None:
                                    ("head", model.lm_head.weight, old.lm_head.weight)):
             for i, ids in enumerate(rows):
                 new_w[i] = old_w[ids].mean(0)
+
+
+def resized_position_embedding(table: torch.Tensor, grid: int) -> torch.Tensor:
+    """A CLIP position table ([1 + g², d]: the class token's row, then the patch grid's rows) for a
+    grid x grid picture: the class row as it was, the patch rows bicubically resampled as an image."""
+    old_grid = math.isqrt(table.shape[0] - 1)
+    patches = table[1:].T.reshape(1, -1, old_grid, old_grid)
+    resized = F.interpolate(patches, size=(grid, grid), mode="bicubic", align_corners=False)
+    return torch.cat([table[:1], resized.reshape(table.shape[1], grid * grid).T])
 
 
 # ---------------------------------------------------------------- batches
@@ -558,9 +573,12 @@ def evaluate_batches(model, batches: list[Batch], aux: AuxHead | None = None) ->
     return {k: c / n for k, (c, n) in sorted(tally.items())}
 
 
-def image_or_outside(rng: random.Random, typed_share: float = 0.0) -> scenes.Scene:
+def image_or_outside(rng: random.Random, typed_share: float = 0.0,
+                     crowded_share: float = typed.CROWDED_SHARE) -> scenes.Scene:
     if typed_share and rng.random() < typed_share:  # no draw at 0: the plain recipe's stream is unchanged
-        return typed.typed_outside_scene(rng) if rng.random() < OUTSIDE_SHARE else typed.typed_scene(rng)
+        if rng.random() < OUTSIDE_SHARE:
+            return typed.typed_outside_scene(rng)
+        return typed.typed_scene(rng, crowded_share)
     return scenes.outside_scene(rng) if rng.random() < OUTSIDE_SHARE else scenes.image_scene(rng)
 
 
@@ -624,6 +642,9 @@ def train(args: TrainArgs) -> None:
     held_out = eval_batches(maker, seed=args.seed + 10_000, n_typed=200 if args.typed_share else 0)
     data_rng = random.Random(args.seed)
 
+    def a_picture() -> scenes.Scene:
+        return image_or_outside(data_rng, args.typed_share, args.crowded_share)
+
     def next_batch(step: int) -> Batch:
         if step % args.video_every == args.video_every - 1:
             # Every question of a video (about four) in one sequence: 32-128 image tokens carry
@@ -637,11 +658,10 @@ def train(args: TrainArgs) -> None:
         if data_rng.random() < args.multi_scene_share:
             k = data_rng.choice(MULTI_SCENES)  # k pictures, one turn each
             n = rows_of(k * (IMAGE_ROW_BASE + IMAGE_ROW_PER_TURN))
-            return maker.make_multi([[image_or_outside(data_rng, args.typed_share) for _ in range(k)]
-                                     for _ in range(n)])
+            return maker.make_multi([[a_picture() for _ in range(k)] for _ in range(n)])
         k = data_rng.randint(1, MAX_TURNS)
         rows = rows_of(IMAGE_ROW_BASE + k * IMAGE_ROW_PER_TURN)
-        return maker.make([image_or_outside(data_rng, args.typed_share) for _ in range(rows)], turns=k)
+        return maker.make([a_picture() for _ in range(rows)], turns=k)
 
     vision_warmup(model, aux, maker, args, random.Random(args.seed + 1))
     total = args.steps or 10 ** 9
@@ -725,7 +745,8 @@ def main() -> None:
     p.add_argument("--image-size", type=int, default=IMAGE_SIZE, help="side of the model's input picture")
     p.add_argument("--vision-warmup", type=int, default=800, help="aux-only steps before the decoder trains")
     p.add_argument("--text-layers", type=int, default=4)
-    p.add_argument("--init", default=None, help="start from this checkpoint (same model shape)")
+    p.add_argument("--init", default=None,
+                   help="start from this checkpoint (same model shape; --image-size may differ)")
     p.add_argument("--cpu-minutes", type=float, default=None,
                    help="a guard: stop and save once the process has used this much CPU time")
     p.add_argument("--stop-after", type=int, default=None,
@@ -735,6 +756,8 @@ def main() -> None:
     p.add_argument("--typed-share", type=float, default=0.0,
                    help="share of scenes from vlserve/builtin/typed.py (crowded, relations, out-of-world, "
                         "typed phrasing)")
+    p.add_argument("--crowded-share", type=float, default=typed.CROWDED_SHARE,
+                   help="share of typed.py's drawn pictures that are crowded (five or six smaller shapes)")
     p.add_argument("--qtype-weight", nargs="+", default=[], metavar="QTYPE=W",
                    help="loss weight of a question type's answers, overriding QTYPE_WEIGHT")
     p.add_argument("--turn-priority", nargs="+", default=[], metavar="QTYPE=W",
@@ -748,7 +771,7 @@ def main() -> None:
                     patch=a.patch, image_size=a.image_size,
                     vision_warmup=a.vision_warmup, text_layers=a.text_layers, init=a.init,
                     cpu_minutes=a.cpu_minutes, stop_after=a.stop_after, multi_scene_share=a.multi_scene_share,
-                    typed_share=a.typed_share,
+                    typed_share=a.typed_share, crowded_share=a.crowded_share,
                     qtype_weight=_overrides(p, a.qtype_weight, QTYPE_WEIGHT),
                     turn_priority=_overrides(p, a.turn_priority, QTYPE_WEIGHT)))
 

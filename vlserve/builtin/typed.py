@@ -229,8 +229,8 @@ def write_word(img: Image.Image, view: scenes.View, bg_name: str, rng: random.Ra
     ImageDraw.Draw(img).text((x, y), rng.choice(WORDS), fill=ink, font_size=max(8, view.side // rng.randint(7, 12)))
 
 
-def _picture(rng: random.Random) -> tuple[list[Shape], np.ndarray]:
-    if rng.random() < CROWDED_SHARE:
+def _picture(rng: random.Random, crowded_share: float = CROWDED_SHARE) -> tuple[list[Shape], np.ndarray]:
+    if rng.random() < crowded_share:
         return crowded_shapes(rng)
     while True:
         n = rng.choice((1, 2, 2, 3, 3, 4))
@@ -382,10 +382,10 @@ def short_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
     return out
 
 
-def typed_scene(rng: random.Random) -> Scene:
+def typed_scene(rng: random.Random, crowded_share: float = CROWDED_SHARE) -> Scene:
     """A picture (crowded at times, on a canvas of any listed size) with the plain generator's
     questions, the short forms, relations, a colour count and, at times, a question from outside."""
-    shapes, mask = _picture(rng)
+    shapes, mask = _picture(rng, crowded_share)
     view = scenes.View(*rng.choice(scenes.PICTURE_SIZES + EXTRA_SIZES))
     bg_kind, bg_name = rng.choice(scenes.BACKGROUND_KINDS), rng.choice(list(scenes.BACKGROUNDS))
     img = scenes.render(shapes, view, bg_kind, bg_name, rng)
