@@ -364,3 +364,20 @@ def test_override_flags_name_a_known_question_type():
         _overrides(parser, ["positon=3"], QTYPE_WEIGHT)
     with pytest.raises(SystemExit):
         _overrides(parser, ["position=high"], QTYPE_WEIGHT)
+
+
+def test_averaging_checkpoints_weighs_each_tensor_by_its_share(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from training.builtin.average import WEIGHTS, average
+
+    shipped = load_file(BUILTIN_MODEL_DIR / WEIGHTS)
+    zeros = tmp_path / "zeros"
+    zeros.mkdir()
+    save_file({k: torch.zeros_like(v) for k, v in shipped.items()}, zeros / WEIGHTS)
+    average(tmp_path / "mixed", [(BUILTIN_MODEL_DIR, 0.25), (zeros, 0.75)])
+    mixed = load_file(tmp_path / "mixed" / WEIGHTS)
+    assert all(torch.allclose(mixed[k], 0.25 * shipped[k]) for k in shipped)
+    assert (tmp_path / "mixed" / "config.json").read_text() == (BUILTIN_MODEL_DIR / "config.json").read_text()
+    with pytest.raises(ValueError, match="add up"):
+        average(tmp_path / "bad", [(BUILTIN_MODEL_DIR, 0.5), (zeros, 0.4)])
