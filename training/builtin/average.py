@@ -1,7 +1,7 @@
 """Average the weights of checkpoints of one model shape (a "model soup"): the built-in model's
-ninth stage is its fine-tuning averaged with the stage it started from.
+ninth and tenth stages are each a fine-tuning averaged with the stage it started from.
 
-    python -m training.builtin.average --out DIR STAGE8:0.2 STAGE9_RUN:0.8
+    python -m training.builtin.average --out DIR STAGE9:0.3 STAGE10_RUN:0.7
 
 Every file other than the weights (config, tokenizer, processor, chat template) is the first
 checkpoint's; the weights are the weighted sum, tensor by tensor, and the shares must add up to 1.
