@@ -133,6 +133,7 @@ class TrainArgs:
     patch: int = 16
     image_size: int = IMAGE_SIZE  # side of the processor's crop; (image_size // patch)² tokens an image
     text_layers: int = 4
+    vision_layers: int = 4
     init: str | None = None  # an earlier checkpoint to start from
     cpu_minutes: float | None = None  # stop (and save) once the process has used this much CPU time
     stop_after: int | None = None  # stop (and save) after this many steps of the `steps` schedule
@@ -147,9 +148,9 @@ class TrainArgs:
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, patch: int = 16, text_layers: int = 4,
-                image_size: int = IMAGE_SIZE) -> LlavaForConditionalGeneration:
+                image_size: int = IMAGE_SIZE, vision_layers: int = 4) -> LlavaForConditionalGeneration:
     vision = CLIPVisionConfig(
-        hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+        hidden_size=128, intermediate_size=512, num_hidden_layers=vision_layers, num_attention_heads=4,
         image_size=image_size, patch_size=patch, projection_dim=128,
     )
     text = LlamaConfig(
@@ -215,8 +216,9 @@ def load_tokenizer(checkpoint: Path) -> PreTrainedTokenizerFast:
 
 
 def warm_start(model, tokenizer, init: Path) -> None:
-    """Copy an earlier checkpoint of the same shape into `model`; rows of the (possibly new)
-    vocabulary start from the old rows of the same text (see the module docstring)."""
+    """Copy an earlier checkpoint of the same shape, or a shallower one, into `model`; rows of the
+    (possibly new) vocabulary start from the old rows of the same text (see the module docstring), and
+    layers past the checkpoint's depth start as the identity (grown_layers)."""
     from transformers import AutoTokenizer
 
     old = LlavaForConditionalGeneration.from_pretrained(init)
@@ -228,7 +230,8 @@ def warm_start(model, tokenizer, init: Path) -> None:
     if state[pos_key].shape[0] != want:
         state[pos_key] = resized_position_embedding(state[pos_key], math.isqrt(want - 1))
     missing, unexpected = model.load_state_dict(state, strict=False)
-    assert set(missing) == vocab_keys and not unexpected, (missing, unexpected)
+    grown = grown_layers(model, set(missing) - vocab_keys)
+    assert set(missing) == vocab_keys | grown and not unexpected, (missing, unexpected)
     old_vocab = old_tok.get_vocab()
     rows = []
     for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
@@ -244,6 +247,31 @@ def warm_start(model, tokenizer, init: Path) -> None:
                                    ("head", model.lm_head.weight, old.lm_head.weight)):
             for i, ids in enumerate(rows):
                 new_w[i] = old_w[ids].mean(0)
+
+
+# The projections that write a layer's two residual branches back: zero, the layer adds nothing.
+RESIDUAL_OUTPUTS = ("self_attn.out_proj.", "mlp.fc2.", "self_attn.o_proj.", "mlp.down_proj.")
+
+
+def grown_layers(model, missing: set[str]) -> set[str]:
+    """The keys among `missing` that belong to a layer appended past the checkpoint's depth (a whole
+    layer missing, of the vision tower or the decoder). Their residual outputs are zeroed, so every such
+    layer starts as the identity and the grown model computes what the checkpoint did."""
+    by_layer: dict[str, set[str]] = {}
+    for key in missing:
+        prefix, sep, rest = key.partition(".layers.")
+        if sep and rest.split(".", 1)[0].isdigit():
+            by_layer.setdefault(f"{prefix}.layers.{rest.split('.', 1)[0]}.", set()).add(key)
+    state = model.state_dict()
+    grown = set()
+    for layer, keys in by_layer.items():
+        if keys == {k for k in state if k.startswith(layer)}:
+            grown |= keys
+            with torch.no_grad():
+                for key in keys:
+                    if key[len(layer):].startswith(RESIDUAL_OUTPUTS):
+                        state[key].zero_()
+    return grown
 
 
 def resized_position_embedding(table: torch.Tensor, grid: int) -> torch.Tensor:
@@ -270,9 +298,17 @@ class Batch:
     places: PlaceBatch
 
 
+def centre_patch(x: float, y: float, grid: int, marked: np.ndarray) -> int:
+    """The patch holding the point (x, y), or, when another shape's centre already marks it, the
+    unmarked patch nearest the point: every shape keeps its own mark, so the marks count the shapes."""
+    rows, cols = np.divmod(np.arange(grid * grid), grid)
+    distance = ((cols + 0.5) / grid - x) ** 2 + ((rows + 0.5) / grid - y) ** 2
+    return int(np.where(marked > 0, np.inf, distance).argmin())
+
+
 def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
     """Per frame and patch: (shape id, colour id, row, col, shape id of the object whose visible
-    centre is in the patch); ids 0 = background / none."""
+    centre is in the patch, or nearest it when two centres share a patch); ids 0 = background / none."""
     rows, cols = np.divmod(np.arange(grid * grid), grid)
     out = []
     for mask, objects in zip(scene.masks, scene.objects):
@@ -285,8 +321,7 @@ def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
         colour_id = np.array([0] + [list(scenes.COLOURS).index(o.colour) + 1 for o in objects])[owner]
         centre = np.zeros(grid * grid, dtype=np.int64)
         for o, (x, y) in zip(objects, scenes.centroids(mask, len(objects))):
-            patch = min(grid - 1, int(y * grid)) * grid + min(grid - 1, int(x * grid))
-            centre[patch] = scenes.SHAPES.index(o.shape) + 1
+            centre[centre_patch(x, y, grid, centre)] = scenes.SHAPES.index(o.shape) + 1
         out.append(np.stack([shape_id, colour_id, rows, cols, centre], axis=1))
     return np.stack(out)
 
@@ -622,7 +657,7 @@ def train(args: TrainArgs) -> None:
     # phrasings split into the pieces it has.
     tokenizer = load_tokenizer(Path(args.init)) if args.init else train_tokenizer(seed=args.seed)
     processor = build_image_processor(args.image_size)
-    model = build_model(tokenizer, args.patch, args.text_layers, args.image_size)
+    model = build_model(tokenizer, args.patch, args.text_layers, args.image_size, args.vision_layers)
     if args.init:
         warm_start(model, tokenizer, Path(args.init))
     model.set_attn_implementation("eager")  # attention probabilities for the supervision loss
@@ -745,8 +780,10 @@ def main() -> None:
     p.add_argument("--image-size", type=int, default=IMAGE_SIZE, help="side of the model's input picture")
     p.add_argument("--vision-warmup", type=int, default=800, help="aux-only steps before the decoder trains")
     p.add_argument("--text-layers", type=int, default=4)
+    p.add_argument("--vision-layers", type=int, default=4,
+                   help="vision tower depth; with --init, layers past the checkpoint's start as the identity")
     p.add_argument("--init", default=None,
-                   help="start from this checkpoint (same model shape; --image-size may differ)")
+                   help="start from this checkpoint (same model shape, or fewer layers; --image-size may differ)")
     p.add_argument("--cpu-minutes", type=float, default=None,
                    help="a guard: stop and save once the process has used this much CPU time")
     p.add_argument("--stop-after", type=int, default=None,
@@ -769,7 +806,8 @@ def main() -> None:
                     warmup=a.warmup, aux_weight=a.aux_weight, attn_weight=a.attn_weight,
                     place_weight=a.place_weight, eval_every=a.eval_every,
                     patch=a.patch, image_size=a.image_size,
-                    vision_warmup=a.vision_warmup, text_layers=a.text_layers, init=a.init,
+                    vision_warmup=a.vision_warmup, text_layers=a.text_layers, vision_layers=a.vision_layers,
+                    init=a.init,
                     cpu_minutes=a.cpu_minutes, stop_after=a.stop_after, multi_scene_share=a.multi_scene_share,
                     typed_share=a.typed_share, crowded_share=a.crowded_share,
                     qtype_weight=_overrides(p, a.qtype_weight, QTYPE_WEIGHT),
