@@ -6,6 +6,7 @@ the earlier checkpoint."""
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -17,7 +18,7 @@ from training.builtin.attention_targets import (
 )
 from training.builtin.place_targets import UNIFORM_VARIANCE, PlaceBatch, PlaceHead, PlaceTarget
 from training.builtin.train import (
-    IMAGE_SIZE, AuxHead, BatchMaker, build_image_processor, build_model, losses, patch_targets,
+    IMAGE_SIZE, AuxHead, BatchMaker, build_image_processor, build_model, losses, patch_targets, picture_counts,
     resized_position_embedding, warm_start,
 )
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
@@ -74,6 +75,29 @@ def test_each_shape_centre_is_marked_once_with_its_shape():
         assert marked == sorted(scenes.SHAPES.index(o.shape) + 1 for o in scene.objects[0])
     outside = scenes.outside_scene(rng)
     assert not patch_targets(outside, GRID)[..., [0, 1, 4]].any()
+
+
+def test_count_head_reads_each_pictures_counts_from_its_mean_patch():
+    rng = random.Random(5)
+    pictures = [typed.typed_scene(rng, crowded_share=0.5) for _ in range(12)]
+    targets = torch.from_numpy(np.concatenate([patch_targets(s, GRID) for s in pictures])).long()
+    counts = picture_counts(targets)
+    for scene, row in zip(pictures, counts.tolist()):
+        kinds = [o.shape for o in scene.objects[0]]
+        assert row == [len(kinds)] + [kinds.count(k) for k in scenes.SHAPES]
+    assert AuxHead(8, GRID).count is None  # not made (nor drawn from the random stream) unless weighed
+    aux = AuxHead(8, GRID, count_weight=1.0)
+    # features whose mean carries the counts: the loss falls as the linear read-out fits them
+    feats = torch.randn(len(pictures), GRID * GRID, 8) * 0.1
+    feats[..., :4] += counts[:, None, :]
+    opt = torch.optim.Adam(aux.count.parameters(), lr=0.05)
+    first = aux.count_loss(feats, targets).item()
+    for _ in range(300):
+        opt.zero_grad()
+        loss = aux.count_loss(feats, targets)
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05 * first
 
 
 def test_named_shape_question_targets_that_shape_and_its_keywords(maker):

@@ -125,6 +125,7 @@ class TrainArgs:
     min_lr_ratio: float = 0.1
     warmup: int = 150
     aux_weight: float = 1.0
+    count_weight: float = 0.0
     attn_weight: float = 1.0
     place_weight: float = 0.0  # of the relation place read-out's loss (place_targets.py); 0: not trained
     threads: int = 1  # on a shared 2-core machine, 2 threads ran 10x slower than 1 (oversubscription)
@@ -455,13 +456,30 @@ class BatchMaker:
 # ---------------------------------------------------------------- forward
 
 
-class AuxHead(nn.Module):
-    """Training-only: per-patch shape / colour / row / column from the projector's output."""
+def picture_counts(targets: torch.Tensor) -> torch.Tensor:
+    """[n_images, 1 + kinds]: each picture's shapes, all and of each kind, from patch_targets' centre
+    marks (one a shape)."""
+    marks = targets[..., 4]
+    kinds = range(1, len(scenes.SHAPES) + 1)
+    return torch.stack([(marks > 0).sum(-1)] + [(marks == k).sum(-1) for k in kinds], dim=-1).float()
 
-    def __init__(self, hidden: int, grid: int):
+
+class AuxHead(nn.Module):
+    """Training-only: per-patch shape / colour / row / column / centre mark from the projector's output
+    and, with a `count_weight`, each picture's counts (all its shapes, and each kind) read linearly
+    from the mean of its patches, which is what a decoder head that looks at every patch alike gets."""
+
+    def __init__(self, hidden: int, grid: int, count_weight: float = 0.0):
         super().__init__()
         self.sizes = (len(scenes.SHAPES) + 1, len(scenes.COLOURS) + 1, grid, grid, len(scenes.SHAPES) + 1)
         self.proj = nn.Linear(hidden, sum(self.sizes))
+        # made only when trained, so that a recipe without it draws the same random numbers as before
+        self.count_weight = count_weight
+        self.count = nn.Linear(hidden, 1 + len(scenes.SHAPES)) if count_weight else None
+
+    def count_loss(self, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Huber loss of the counts read from the mean patch."""
+        return F.smooth_l1_loss(self.count(feats.mean(1)), picture_counts(targets))
 
     def loss(self, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.proj(feats).split(self.sizes, dim=-1)
@@ -474,6 +492,8 @@ class AuxHead(nn.Module):
                                  reduction="none")
             wi = w if i < 2 else w_centre if i == 4 else None
             total = total + ((ce * wi).sum() / wi.sum() if wi is not None else 0.5 * ce.mean())
+        if self.count is not None:
+            total = total + self.count_weight * self.count_loss(feats, targets)
         return total
 
 
@@ -663,7 +683,7 @@ def train(args: TrainArgs) -> None:
     model.set_attn_implementation("eager")  # attention probabilities for the supervision loss
     model.train()
     grid = args.image_size // args.patch
-    aux = AuxHead(model.config.text_config.hidden_size, grid)
+    aux = AuxHead(model.config.text_config.hidden_size, grid, args.count_weight)
     # made only when trained, so that a recipe without it draws the same random numbers as before
     place_head = PlaceHead(model.config.text_config.hidden_size) if args.place_weight else None
     params = list(model.parameters()) + list(aux.parameters()) + list(place_head.parameters() if place_head else [])
@@ -772,6 +792,9 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=150, help="steps of linear learning-rate warm-up")
     p.add_argument("--aux-weight", type=float, default=1.0)
+    p.add_argument("--count-weight", type=float, default=0.0,
+                   help="weight, within the auxiliary loss, of the counts read from each picture's mean patch "
+                        "(0: not trained)")
     p.add_argument("--attn-weight", type=float, default=1.0, help="weight of the attention supervision loss")
     p.add_argument("--place-weight", type=float, default=0.0,
                    help="weight of the relation place read-out's loss (place_targets.py; 0: not trained)")
@@ -803,7 +826,7 @@ def main() -> None:
     if (a.steps is None) == (a.minutes is None):
         p.error("give exactly one of --steps or --minutes")
     train(TrainArgs(out=a.out, seed=a.seed, steps=a.steps, minutes=a.minutes, threads=a.threads, lr=a.lr,
-                    warmup=a.warmup, aux_weight=a.aux_weight, attn_weight=a.attn_weight,
+                    warmup=a.warmup, aux_weight=a.aux_weight, count_weight=a.count_weight, attn_weight=a.attn_weight,
                     place_weight=a.place_weight, eval_every=a.eval_every,
                     patch=a.patch, image_size=a.image_size,
                     vision_warmup=a.vision_warmup, text_layers=a.text_layers, vision_layers=a.vision_layers,
