@@ -1,7 +1,8 @@
 """Average the weights of checkpoints of one model shape (a "model soup"): the built-in model's
-ninth and tenth stages are each a fine-tuning averaged with the stage it started from.
+ninth and tenth stages are each a fine-tuning averaged with the stage it started from, the eleventh
+three sibling fine-tunings (one start, one recipe, three seeds) averaged with their start.
 
-    python -m training.builtin.average --out DIR STAGE9:0.3 STAGE10_RUN:0.7
+    python -m training.builtin.average --out DIR STAGE11_A:0.25 RUN96:0.25 RUN98:0.25 RUN99:0.25
 
 Every file other than the weights (config, tokenizer, processor, chat template) is the first
 checkpoint's; the weights are the weighted sum, tensor by tensor, and the shares must add up to 1.
