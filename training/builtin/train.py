@@ -14,7 +14,7 @@ and 288 for an 8-frame video. Training adds four things that are not saved:
 - an auxiliary head on the projector's output that predicts, for every patch, the shape and colour
   under it, the patch's row and column, and which shape (if any) has its visible centre there (one
   mark per shape, so the mean over patches is a count), so the image tokens carry what the questions
-  ask about;
+  ask about; with `--count-weight`, also each picture's counts read linearly from its mean patch;
 - attention supervision (attention_targets.py): two heads of one decoder layer are told which
   patches (and frames) answer the question, and one head of the layer below which question words
   name the thing asked about; this is what taught the decoder to bind a colour to a named shape;
@@ -38,7 +38,8 @@ tokens (no leading space); RAW_PROMPT_SHARE of them end with a bare "ASSISTANT:"
 carries the space, so raw prompts written by hand still work.
 
 `--init DIR` starts from an earlier checkpoint of the same shape (or another `--image-size`: the
-vision tower's position table is resampled to the new patch grid): every weight is copied, and each
+vision tower's position table is resampled to the new patch grid; or more `--vision-layers` /
+`--text-layers`: the appended layers start as the identity): every weight is copied, and each
 token of the new vocabulary starts from the old embedding (and output row) of the same text, or of
 the same word with a leading space, or the mean of the old pieces it splits into. With `--steps` the
 run is deterministic from its seed; with `--minutes` the step count is fixed after timing the first
