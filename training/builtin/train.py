@@ -53,6 +53,7 @@ import csv
 import json
 import math
 import random
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -261,9 +262,8 @@ def grown_layers(model, missing: set[str]) -> set[str]:
     layer starts as the identity and the grown model computes what the checkpoint did."""
     by_layer: dict[str, set[str]] = {}
     for key in missing:
-        prefix, sep, rest = key.partition(".layers.")
-        if sep and rest.split(".", 1)[0].isdigit():
-            by_layer.setdefault(f"{prefix}.layers.{rest.split('.', 1)[0]}.", set()).add(key)
+        if layer := re.match(r".*\.layers\.\d+\.", key):
+            by_layer.setdefault(layer.group(0), set()).add(key)
     state = model.state_dict()
     grown = set()
     for layer, keys in by_layer.items():
