@@ -37,6 +37,11 @@ spent. Most prompts end with the chat template's "ASSISTANT: " and the answer fo
 tokens (no leading space); RAW_PROMPT_SHARE of them end with a bare "ASSISTANT:" and the answer
 carries the space, so raw prompts written by hand still work.
 
+Two flags make a step cheaper without changing what it learns from. `--bf16` runs the forward and
+backward passes under bfloat16 autocast, which the AMX units of these Xeons multiply natively (the
+weights, the optimizer and the evaluations stay fp32). `--data-worker` draws the batches in a child
+process (batch_stream.py), the same batches in the same order, for a run that has a core to spare.
+
 `--init DIR` starts from an earlier checkpoint of the same shape (or another `--image-size`: the
 vision tower's position table is resampled to the new patch grid; or more `--vision-layers` /
 `--text-layers`: the appended layers start as the identity): every weight is copied, and each
@@ -74,6 +79,7 @@ from transformers import (
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
 from vlserve.builtin import scenes, typed
+from training.builtin.batch_stream import BatchStream
 from training.builtin.attention_targets import (
     KEYWORD_LAYER, RETRIEVAL_LAYER, AttentionBatch, AttentionTarget, Turn, turn_targets,
 )
@@ -145,6 +151,8 @@ class TrainArgs:
     multi_scene_share: float = 0.0  # of the image batches: few-shot rows, a new picture every turn
     typed_share: float = 0.0  # of the scenes: typed.py's (crowded, relations, out-of-world questions, typed phrasing)
     crowded_share: float = typed.CROWDED_SHARE  # of typed.py's drawn pictures: five or six smaller shapes
+    bf16: bool = False  # forward and backward under bfloat16 autocast (AMX); weights and optimizer stay fp32
+    data_worker: bool = False  # draw batches in a child process (batch_stream.py), one step ahead
 
 
 # ---------------------------------------------------------------- model and processor
@@ -692,8 +700,6 @@ def train(args: TrainArgs) -> None:
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98))
-    n_params = sum(p.numel() for p in model.parameters())
-
     maker = BatchMaker(tokenizer, processor, args.seed, grid, args.qtype_weight, args.turn_priority)
     held_out = eval_batches(maker, seed=args.seed + 10_000, n_typed=200 if args.typed_share else 0)
     data_rng = random.Random(args.seed)
@@ -720,6 +726,20 @@ def train(args: TrainArgs) -> None:
         return maker.make([a_picture() for _ in range(rows)], turns=k)
 
     vision_warmup(model, aux, maker, args, random.Random(args.seed + 1))
+    stream = BatchStream(next_batch).start() if args.data_worker else None
+    try:
+        _train_steps(args, model, aux, place_head, opt, params, held_out, tokenizer, processor, out, log_dir,
+                     stream.next if stream else next_batch, stream.cpu_seconds if stream else lambda: 0.0)
+    finally:
+        if stream:
+            stream.close()
+
+
+def _train_steps(args: TrainArgs, model, aux: AuxHead, place_head: PlaceHead | None, opt, params, held_out,
+                 tokenizer, processor, out: Path, log_dir: Path, next_batch, helper_cpu_seconds) -> None:
+    """The training loop proper: `next_batch(step)` gives each step's batch;
+    `helper_cpu_seconds()` is the CPU time a batch-drawing child has used, added to the logged CPU time."""
+    n_params = sum(p.numel() for p in model.parameters())
     total = args.steps or 10 ** 9
     log_path = log_dir / "train_log.csv"
     eval_path = log_dir / "eval_log.csv"
@@ -734,14 +754,16 @@ def train(args: TrainArgs) -> None:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, args)
         batch = next_batch(step)
-        lm, aux_loss, attn_loss, place_loss = losses(model, aux, place_head, batch)
-        loss = lm + args.aux_weight * aux_loss + args.attn_weight * attn_loss + args.place_weight * place_loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            lm, aux_loss, attn_loss, place_loss = losses(model, aux, place_head, batch)
+            loss = lm + args.aux_weight * aux_loss + args.attn_weight * attn_loss + args.place_weight * place_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
         elapsed = time.time() - start
+        cpu_seconds = time.process_time() + helper_cpu_seconds()
         if args.steps is None and step in (30, 300, 1000):
             # Plan the schedule from the recent pace (the machine is shared, so it drifts); the log
             # records the final plan so `--steps` can replay it.
@@ -756,13 +778,13 @@ def train(args: TrainArgs) -> None:
             total = step
         if args.stop_after is not None and step >= args.stop_after and step < total:
             total = step  # the learning rate followed the full schedule up to here
-        if args.cpu_minutes is not None and time.process_time() > args.cpu_minutes * 60 and step < total:
+        if args.cpu_minutes is not None and cpu_seconds > args.cpu_minutes * 60 and step < total:
             print(f"[train] CPU-time cap hit at step {step} of {total}; saving early", flush=True)
             total = step
         bar.update(1)
         bar.set_postfix(lm=f"{lm.item():.3f}", aux=f"{aux_loss.item():.3f}", attn=f"{attn_loss.item():.3f}")
         with open(log_path, "a", newline="") as f:
-            csv.writer(f).writerow([step, f"{elapsed:.1f}", f"{time.process_time():.1f}",
+            csv.writer(f).writerow([step, f"{elapsed:.1f}", f"{cpu_seconds:.1f}",
                                     f"{opt.param_groups[0]['lr']:.2e}", f"{lm.item():.4f}", f"{aux_loss.item():.4f}",
                                     f"{attn_loss.item():.4f}", f"{place_loss.item():.4f}"])
         if step % args.eval_every == 0 or step == total:
@@ -780,7 +802,7 @@ def train(args: TrainArgs) -> None:
     save_checkpoint(model, tokenizer, processor, out, logs=[log_path, eval_path])
     shutil.rmtree(log_dir, ignore_errors=True)
     print(f"[train] saved {out} after {step} steps in {(time.time() - start) / 60:.1f} min "
-          f"({time.process_time() / 60:.1f} CPU min for the whole process)", flush=True)
+          f"({(time.process_time() + helper_cpu_seconds()) / 60:.1f} CPU min for the whole process)", flush=True)
 
 
 def main() -> None:
@@ -823,6 +845,11 @@ def main() -> None:
                    help="loss weight of a question type's answers, overriding QTYPE_WEIGHT")
     p.add_argument("--turn-priority", nargs="+", default=[], metavar="QTYPE=W",
                    help="how much likelier a question type is among a sequence's turns (TURN_PRIORITY)")
+    p.add_argument("--bf16", action="store_true",
+                   help="forward and backward under bfloat16 autocast (fast on CPUs with AMX); weights, "
+                        "optimizer and evaluation stay fp32")
+    p.add_argument("--data-worker", action="store_true",
+                   help="draw batches in a child process a few steps ahead (for a run that has a core to spare)")
     a = p.parse_args()
     if (a.steps is None) == (a.minutes is None):
         p.error("give exactly one of --steps or --minutes")
@@ -833,7 +860,7 @@ def main() -> None:
                     vision_warmup=a.vision_warmup, text_layers=a.text_layers, vision_layers=a.vision_layers,
                     init=a.init,
                     cpu_minutes=a.cpu_minutes, stop_after=a.stop_after, multi_scene_share=a.multi_scene_share,
-                    typed_share=a.typed_share, crowded_share=a.crowded_share,
+                    typed_share=a.typed_share, crowded_share=a.crowded_share, bf16=a.bf16, data_worker=a.data_worker,
                     qtype_weight=_overrides(p, a.qtype_weight, QTYPE_WEIGHT),
                     turn_priority=_overrides(p, a.turn_priority, QTYPE_WEIGHT)))
 
