@@ -79,10 +79,10 @@ from transformers import (
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
 from vlserve.builtin import scenes, typed
-from training.builtin.batch_stream import BatchStream
 from training.builtin.attention_targets import (
     KEYWORD_LAYER, RETRIEVAL_LAYER, AttentionBatch, AttentionTarget, Turn, turn_targets,
 )
+from training.builtin.batch_stream import BatchStream
 from training.builtin.place_targets import PLACE_LAYER, PlaceBatch, PlaceHead, PlaceTarget, turn_places
 from training.builtin.tokenizer import BUILTIN_CHAT_TEMPLATE, IMAGE, train_tokenizer
 from vlserve.testing.checkpoint_tools import clip_image_processor_kwargs
@@ -152,7 +152,7 @@ class TrainArgs:
     typed_share: float = 0.0  # of the scenes: typed.py's (crowded, relations, out-of-world questions, typed phrasing)
     crowded_share: float = typed.CROWDED_SHARE  # of typed.py's drawn pictures: five or six smaller shapes
     bf16: bool = False  # forward and backward under bfloat16 autocast (AMX); weights and optimizer stay fp32
-    data_worker: bool = False  # draw batches in a child process (batch_stream.py), one step ahead
+    data_worker: bool = False  # draw batches in a child process (batch_stream.py), a few steps ahead
 
 
 # ---------------------------------------------------------------- model and processor
@@ -726,19 +726,10 @@ def train(args: TrainArgs) -> None:
         return maker.make([a_picture() for _ in range(rows)], turns=k)
 
     vision_warmup(model, aux, maker, args, random.Random(args.seed + 1))
+    # the child is a daemon: should the loop raise, it ends with this process
     stream = BatchStream(next_batch).start() if args.data_worker else None
-    try:
-        _train_steps(args, model, aux, place_head, opt, params, held_out, tokenizer, processor, out, log_dir,
-                     stream.next if stream else next_batch, stream.cpu_seconds if stream else lambda: 0.0)
-    finally:
-        if stream:
-            stream.close()
-
-
-def _train_steps(args: TrainArgs, model, aux: AuxHead, place_head: PlaceHead | None, opt, params, held_out,
-                 tokenizer, processor, out: Path, log_dir: Path, next_batch, helper_cpu_seconds) -> None:
-    """The training loop proper: `next_batch(step)` gives each step's batch;
-    `helper_cpu_seconds()` is the CPU time a batch-drawing child has used, added to the logged CPU time."""
+    batch_at = stream.next if stream else next_batch
+    helper_cpu_seconds = stream.cpu_seconds if stream else lambda: 0.0
     n_params = sum(p.numel() for p in model.parameters())
     total = args.steps or 10 ** 9
     log_path = log_dir / "train_log.csv"
@@ -753,7 +744,7 @@ def _train_steps(args: TrainArgs, model, aux: AuxHead, place_head: PlaceHead | N
     while step < total:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, args)
-        batch = next_batch(step)
+        batch = batch_at(step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             lm, aux_loss, attn_loss, place_loss = losses(model, aux, place_head, batch)
             loss = lm + args.aux_weight * aux_loss + args.attn_weight * attn_loss + args.place_weight * place_loss
@@ -801,6 +792,8 @@ def _train_steps(args: TrainArgs, model, aux: AuxHead, place_head: PlaceHead | N
     bar.close()
     save_checkpoint(model, tokenizer, processor, out, logs=[log_path, eval_path])
     shutil.rmtree(log_dir, ignore_errors=True)
+    if stream:
+        stream.close()
     print(f"[train] saved {out} after {step} steps in {(time.time() - start) / 60:.1f} min "
           f"({(time.process_time() + helper_cpu_seconds()) / 60:.1f} CPU min for the whole process)", flush=True)
 
