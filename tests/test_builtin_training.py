@@ -5,6 +5,7 @@ the earlier checkpoint."""
 
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,12 +19,13 @@ from training.builtin.attention_targets import (
 )
 from training.builtin.place_targets import UNIFORM_VARIANCE, PlaceBatch, PlaceHead, PlaceTarget
 from training.builtin.train import (
-    IMAGE_SIZE, AuxHead, BatchMaker, build_image_processor, build_model, losses, patch_targets, picture_counts,
-    resized_position_embedding, warm_start,
+    IMAGE_SIZE, AuxHead, BatchMaker, build_image_processor, build_model, checkpoint_depths, losses, patch_targets,
+    picture_counts, resized_position_embedding, warm_start,
 )
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
 GRID = IMAGE_SIZE // 16  # the default model's patch grid (16-px patches)
+SHIPPED_TEXT_LAYERS = checkpoint_depths(Path(BUILTIN_MODEL_DIR))[0]  # warm starts need at least its depth
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +284,7 @@ def test_warm_start_copies_the_checkpoint():
 
     tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
     old = LlavaForConditionalGeneration.from_pretrained(BUILTIN_MODEL_DIR)
-    new = build_model(tok)
+    new = build_model(tok, text_layers=SHIPPED_TEXT_LAYERS)
     warm_start(new, tok, BUILTIN_MODEL_DIR)
     old_state, new_state = old.state_dict(), new.state_dict()
     assert old_state.keys() == new_state.keys()
@@ -295,7 +297,7 @@ def test_warm_start_at_another_image_size_resamples_the_position_table():
 
     tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
     old = LlavaForConditionalGeneration.from_pretrained(BUILTIN_MODEL_DIR).state_dict()
-    new = build_model(tok, image_size=128)
+    new = build_model(tok, image_size=128, text_layers=SHIPPED_TEXT_LAYERS)
     warm_start(new, tok, BUILTIN_MODEL_DIR)
     key = "model.vision_tower.embeddings.position_embedding.weight"
     table = new.state_dict()[key]
@@ -312,9 +314,10 @@ def test_warm_start_into_a_deeper_model_computes_what_the_checkpoint_did():
 
     tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
     old = LlavaForConditionalGeneration.from_pretrained(BUILTIN_MODEL_DIR).eval()
-    new = build_model(tok, vision_layers=6, text_layers=5).eval()
+    new = build_model(tok, vision_layers=6, text_layers=SHIPPED_TEXT_LAYERS + 1).eval()
     warm_start(new, tok, BUILTIN_MODEL_DIR)
-    assert new.config.vision_config.num_hidden_layers == 6 and new.config.text_config.num_hidden_layers == 5
+    assert new.config.vision_config.num_hidden_layers == 6
+    assert new.config.text_config.num_hidden_layers == SHIPPED_TEXT_LAYERS + 1
     grown = new.model.vision_tower.encoder.layers[5]
     assert not grown.mlp.fc2.weight.any() and grown.mlp.fc1.weight.any()  # only the residual outputs are zero
     image_id = new.config.image_token_id

@@ -3,6 +3,7 @@ ones the parent would have drawn, in order, and a step under bfloat16 autocast c
 step's losses and gives fp32 gradients to fp32 weights."""
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from vlserve.builtin import scenes
 from training.builtin.batch_stream import BatchStream
 from training.builtin.place_targets import PlaceHead
 from training.builtin.train import (
-    IMAGE_SIZE, AuxHead, BatchMaker, build_image_processor, build_model, image_or_outside, losses, warm_start,
+    IMAGE_SIZE, AuxHead, BatchMaker, build_image_processor, build_model, checkpoint_depths, image_or_outside, losses,
+    warm_start,
 )
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
@@ -62,7 +64,7 @@ def test_a_batch_stream_says_when_its_child_died():
 def test_bf16_autocast_step_matches_the_fp32_losses_and_keeps_fp32_weights_and_gradients():
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
-    model = build_model(tok)
+    model = build_model(tok, text_layers=checkpoint_depths(Path(BUILTIN_MODEL_DIR))[0])
     warm_start(model, tok, BUILTIN_MODEL_DIR)
     model.set_attn_implementation("eager")
     aux, place = AuxHead(model.config.text_config.hidden_size, GRID), PlaceHead(model.config.text_config.hidden_size)

@@ -42,9 +42,9 @@ backward passes under bfloat16 autocast, which the AMX units of these Xeons mult
 weights, the optimizer and the evaluations stay fp32). `--data-worker` draws the batches in a child
 process (batch_stream.py), the same batches in the same order, for a run that has a core to spare.
 
-`--init DIR` starts from an earlier checkpoint of the same shape (or another `--image-size`: the
-vision tower's position table is resampled to the new patch grid; or more `--vision-layers` /
-`--text-layers`: the appended layers start as the identity): every weight is copied, and each
+`--init DIR` starts from an earlier checkpoint of the same shape (its depths unless told otherwise; or
+another `--image-size`: the vision tower's position table is resampled to the new patch grid; or more
+`--vision-layers` / `--text-layers`: the appended layers start as the identity): every weight is copied, and each
 token of the new vocabulary starts from the old embedding (and output row) of the same text, or of
 the same word with a leading space, or the mean of the old pieces it splits into. With `--steps` the
 run is deterministic from its seed; with `--minutes` the step count is fixed after timing the first
@@ -141,8 +141,8 @@ class TrainArgs:
     vision_warmup: int = 800  # aux-only steps on vision tower + projector before the decoder joins
     patch: int = 16
     image_size: int = IMAGE_SIZE  # side of the processor's crop; (image_size // patch)² tokens an image
-    text_layers: int = 4
-    vision_layers: int = 4
+    text_layers: int | None = None  # None: the --init checkpoint's depth, or 4 from scratch
+    vision_layers: int | None = None
     init: str | None = None  # an earlier checkpoint to start from
     cpu_minutes: float | None = None  # stop (and save) once the process has used this much CPU time
     stop_after: int | None = None  # stop (and save) after this many steps of the `steps` schedule
@@ -179,6 +179,12 @@ def build_model(tokenizer: PreTrainedTokenizerFast, patch: int = 16, text_layers
     config.bos_token_id, config.eos_token_id, config.pad_token_id = (
         tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
     return LlavaForConditionalGeneration(config)
+
+
+def checkpoint_depths(checkpoint: Path) -> tuple[int, int]:
+    """(decoder layers, vision tower layers) of a saved checkpoint."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    return config["text_config"]["num_hidden_layers"], config["vision_config"]["num_hidden_layers"]
 
 
 def build_image_processor(image_size: int = IMAGE_SIZE) -> CLIPImageProcessorPil:
@@ -686,7 +692,9 @@ def train(args: TrainArgs) -> None:
     # phrasings split into the pieces it has.
     tokenizer = load_tokenizer(Path(args.init)) if args.init else train_tokenizer(seed=args.seed)
     processor = build_image_processor(args.image_size)
-    model = build_model(tokenizer, args.patch, args.text_layers, args.image_size, args.vision_layers)
+    text_layers, vision_layers = checkpoint_depths(Path(args.init)) if args.init else (4, 4)
+    model = build_model(tokenizer, args.patch, args.text_layers or text_layers, args.image_size,
+                        args.vision_layers or vision_layers)
     if args.init:
         warm_start(model, tokenizer, Path(args.init))
     model.set_attn_implementation("eager")  # attention probabilities for the supervision loss
@@ -818,9 +826,11 @@ def main() -> None:
     p.add_argument("--patch", type=int, default=16, help="vision patch size")
     p.add_argument("--image-size", type=int, default=IMAGE_SIZE, help="side of the model's input picture")
     p.add_argument("--vision-warmup", type=int, default=800, help="aux-only steps before the decoder trains")
-    p.add_argument("--text-layers", type=int, default=4)
-    p.add_argument("--vision-layers", type=int, default=4,
-                   help="vision tower depth; with --init, layers past the checkpoint's start as the identity")
+    p.add_argument("--text-layers", type=int, default=None,
+                   help="decoder depth (default: the --init checkpoint's, or 4); layers past the checkpoint's"
+                        " start as the identity")
+    p.add_argument("--vision-layers", type=int, default=None,
+                   help="vision tower depth (default: the --init checkpoint's, or 4); the same")
     p.add_argument("--init", default=None,
                    help="start from this checkpoint (same model shape, or fewer layers; --image-size may differ)")
     p.add_argument("--cpu-minutes", type=float, default=None,
