@@ -42,13 +42,13 @@ backward passes under bfloat16 autocast, which the AMX units of these Xeons mult
 weights, the optimizer and the evaluations stay fp32). `--data-worker` draws the batches in a child
 process (batch_stream.py), the same batches in the same order, for a run that has a core to spare.
 
-`--init DIR` starts from an earlier checkpoint of the same shape (its depths unless told otherwise; or
-another `--image-size`: the vision tower's position table is resampled to the new patch grid; or more
-`--vision-layers` / `--text-layers`: the appended layers start as the identity): every weight is copied, and each
-token of the new vocabulary starts from the old embedding (and output row) of the same text, or of
-the same word with a leading space, or the mean of the old pieces it splits into. With `--steps` the
-run is deterministic from its seed; with `--minutes` the step count is fixed after timing the first
-steps and written to the log.
+`--init DIR` starts from an earlier checkpoint of the same shape (its depths unless told otherwise;
+or another `--image-size`: the vision tower's position table is resampled to the new patch grid; or
+more `--vision-layers` / `--text-layers`: the appended layers start as the identity): every weight is
+copied, and each token of the new vocabulary starts from the old embedding (and output row) of the
+same text, or of the same word with a leading space, or the mean of the old pieces it splits into.
+With `--steps` the run is deterministic from its seed; with `--minutes` the step count is fixed
+after timing the first steps and written to the log.
 """
 
 from __future__ import annotations
