@@ -18,11 +18,12 @@ def url():
 
 
 def caption_fields(s):
-    # The built-in model, asked for a caption with no picture, still writes one in its own form when two
-    # shapes begin it: begun "A red square, a blue circle,", it goes on " a yellow triangle and an orange
-    # triangle." - so "first" is the shape before " and", "second" the one after it. (Begun with one shape,
-    # stage 7 drifts into its "cannot tell" sentence: the picture it was asked about is missing.)
-    s += "USER: What is in the image? ASSISTANT: A red square, a blue circle,"
+    # The built-in model, asked for a caption with no picture, still finishes one in its own form when
+    # it is begun far enough: after "A red square, a blue circle, a green" it goes on " triangle and a
+    # purple triangle." - so "first" is the green shape's kind, "second" the shape after " and". (Begun
+    # with fewer words, a checkpoint may drift into an answer to another question: the picture it was
+    # asked about is missing.)
+    s += "USER: What is in the image? ASSISTANT: A red square, a blue circle, a green"
     s += sgl.gen("first", stop=" and") + " and" + sgl.gen("second", stop=".") + "."
 
 
@@ -43,7 +44,8 @@ def test_speculation_cuts_calls_and_billed_prompt_tokens_on_vlserve_completions(
 
     variables = ("first", "second")
     assert {k: with_spec[k] for k in variables} == {k: without[k] for k in variables}
-    assert all(_names_a_shape(without[k]) for k in variables), without  # the template's words
+    # the template's words: a kind after "a green", then a colour and a kind
+    assert _names_a_shape("green" + without["first"]) and _names_a_shape(without["second"]), without
     assert (plain.token_usage.calls, spec.token_usage.calls) == (2, 1)
     assert 2 * spec.token_usage.prompt_tokens < plain.token_usage.prompt_tokens
 
