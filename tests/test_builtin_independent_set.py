@@ -76,3 +76,19 @@ def test_the_evaluator_scores_per_type_and_slice(items):
     assert report.accuracy("colour") < 0.3 and report.accuracy("outside") == 0 and len(misses) > 500
     report, _ = evaluate_independent(truthful, Tok)
     assert report.overall(ind.QTYPES) == 1.0 and report.total["crowded"] >= 60
+
+
+def test_another_seed_draws_other_pictures_and_several_seeds_pool():
+    other = ind.build(50)
+    drawn = lambda items: {np.asarray(i.images[0]).tobytes() for i in items[len(ind.issue_cases()):]  # noqa: E731
+                           if i.qtype in ("count", "relation")}
+    assert drawn(other).isdisjoint(drawn(ind.build(49)))
+
+    class Tok:
+        @staticmethod
+        def apply_chat_template(messages, **_):
+            return messages[0]["content"][-1]["text"]
+
+    report, misses = evaluate_independent(lambda p, im: ["Red."] * len(p), Tok, seeds=(49, 50))
+    assert sum(report.total[q] for q in ind.QTYPES) == len(ind.build(49)) + len(other)
+    assert len(misses) == sum(report.total[q] - report.correct[q] for q in ind.QTYPES)

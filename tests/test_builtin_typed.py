@@ -153,3 +153,18 @@ def test_yes_no_relation_answers_agree_with_the_masks(drawn):
             assert (qa.answer == "Yes.") == (offset > 0), (qa, centres[ka], centres[kb])
             seen.add((rel, qa.answer))
     assert seen == {(rel, ans) for rel in ("above", "below", "left", "right") for ans in ("Yes.", "No.")}
+
+
+@pytest.mark.parametrize("size_ratio,asked", [(typed.SIZE_RATIO, False), (1.25, True)])
+def test_the_size_ratio_decides_from_which_difference_the_biggest_is_asked(size_ratio, asked):
+    """A triangle whose visible area is about 1.3 times a square's, far apart: the biggest and the
+    smallest are asked below a ratio of 1.3 and not at the default."""
+    shapes = [scenes.Shape("triangle", "red", 0.3, 0.3, 0.42), scenes.Shape("square", "blue", 0.72, 0.72, 0.26)]
+    mask = scenes.label_mask(shapes)
+    areas = [(mask == k + 1).sum() for k in range(2)]
+    assert 1.25 < areas[0] / areas[1] < typed.SIZE_RATIO
+    centres = scenes.centroids(mask, 2)
+    sized = {qa.answer for seed in range(40) for qa in typed.relation_qas(shapes, centres, mask, random.Random(seed),
+                                                                           size_ratio)
+             if re.search(r"big|larg|huge|small|tin|littl", qa.question)}
+    assert sized == ({"A triangle.", "A square."} if asked else set())

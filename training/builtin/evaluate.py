@@ -114,10 +114,11 @@ def evaluate(generate_fn: GenerateFn, samples: list[scenes.Sample], tokenizer, b
     return Report(correct, total)
 
 
-def evaluate_independent(generate_fn: GenerateFn, tokenizer, seed: int = 49) -> tuple[Report, list[tuple]]:
-    """Accuracy on the independent set per question type, and per slice (crowded pictures, wide,
-    tall and square canvases) as extra rows; also every miss as (item, answer)."""
-    items = independent_set.build(seed)
+def evaluate_independent(generate_fn: GenerateFn, tokenizer,
+                         seeds: tuple[int, ...] = (49,)) -> tuple[Report, list[tuple]]:
+    """Accuracy on the independent set (drawn once per seed, pooled) per question type, and per slice
+    (crowded pictures, wide, tall and square canvases) as extra rows; also every miss as (item, answer)."""
+    items = [it for seed in seeds for it in independent_set.build(seed)]
     answers = generate_fn([prompt_for(it.question, len(it.images), tokenizer) for it in items],
                           [it.images for it in items])
     correct, total, misses = Counter(), Counter(), []
@@ -201,17 +202,17 @@ def main() -> None:
     p.add_argument("--set", choices=("generator", "independent", "both"), default="generator",
                    help="the generator's questions (--n, --seed, --kind), the independent set, or both")
     p.add_argument("--show-misses", action="store_true", help="print the independent set's wrong answers")
-    p.add_argument("--independent-seed", type=int, default=49,
+    p.add_argument("--independent-seed", type=int, nargs="+", default=[49],
                    help="where the independent set places its shapes: 49 is the set the checkpoints were chosen on; "
-                        "another seed draws fresh pictures and questions from the same phrasings")
+                        "another seed draws fresh pictures and questions from the same phrasings; several are pooled")
     a = p.parse_args()
     import torch
 
     torch.set_num_threads(a.threads)
     generate_fn, tokenizer = BACKENDS[a.backend](a.model)
     if a.set != "generator":
-        report, misses = evaluate_independent(generate_fn, tokenizer, a.independent_seed)
-        print(f"model {a.model}  backend {a.backend}  independent set, seed {a.independent_seed} "
+        report, misses = evaluate_independent(generate_fn, tokenizer, tuple(a.independent_seed))
+        print(f"model {a.model}  backend {a.backend}  independent set, seed {' '.join(map(str, a.independent_seed))} "
               f"({report.overall(independent_set.QTYPES):.1%})")
         print(report.table())
         if a.show_misses:

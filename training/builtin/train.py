@@ -151,6 +151,7 @@ class TrainArgs:
     multi_scene_share: float = 0.0  # of the image batches: few-shot rows, a new picture every turn
     typed_share: float = 0.0  # of the scenes: typed.py's (crowded, relations, out-of-world questions, typed phrasing)
     crowded_share: float = typed.CROWDED_SHARE  # of typed.py's drawn pictures: five or six smaller shapes
+    size_ratio: float = typed.SIZE_RATIO  # the area ratio from which typed.py asks for the biggest / smallest
     bf16: bool = False  # forward and backward under bfloat16 autocast (AMX); weights and optimizer stay fp32
     data_worker: bool = False  # draw batches in a child process (batch_stream.py), a few steps ahead
 
@@ -643,12 +644,12 @@ def evaluate_batches(model, batches: list[Batch], aux: AuxHead | None = None) ->
     return {k: c / n for k, (c, n) in sorted(tally.items())}
 
 
-def image_or_outside(rng: random.Random, typed_share: float = 0.0,
-                     crowded_share: float = typed.CROWDED_SHARE) -> scenes.Scene:
+def image_or_outside(rng: random.Random, typed_share: float = 0.0, crowded_share: float = typed.CROWDED_SHARE,
+                     size_ratio: float = typed.SIZE_RATIO) -> scenes.Scene:
     if typed_share and rng.random() < typed_share:  # no draw at 0: the plain recipe's stream is unchanged
         if rng.random() < OUTSIDE_SHARE:
             return typed.typed_outside_scene(rng)
-        return typed.typed_scene(rng, crowded_share)
+        return typed.typed_scene(rng, crowded_share, size_ratio)
     return scenes.outside_scene(rng) if rng.random() < OUTSIDE_SHARE else scenes.image_scene(rng)
 
 
@@ -713,7 +714,7 @@ def train(args: TrainArgs) -> None:
     data_rng = random.Random(args.seed)
 
     def a_picture() -> scenes.Scene:
-        return image_or_outside(data_rng, args.typed_share, args.crowded_share)
+        return image_or_outside(data_rng, args.typed_share, args.crowded_share, args.size_ratio)
 
     def next_batch(step: int) -> Batch:
         if step % args.video_every == args.video_every - 1:
@@ -844,6 +845,9 @@ def main() -> None:
                         "typed phrasing)")
     p.add_argument("--crowded-share", type=float, default=typed.CROWDED_SHARE,
                    help="share of typed.py's drawn pictures that are crowded (five or six smaller shapes)")
+    p.add_argument("--size-ratio", type=float, default=typed.SIZE_RATIO,
+                   help="typed.py asks for the biggest (smallest) shape when its visible area is this many times "
+                        "the next one's (under it)")
     p.add_argument("--qtype-weight", nargs="+", default=[], metavar="QTYPE=W",
                    help="loss weight of a question type's answers, overriding QTYPE_WEIGHT")
     p.add_argument("--turn-priority", nargs="+", default=[], metavar="QTYPE=W",
@@ -863,7 +867,8 @@ def main() -> None:
                     vision_warmup=a.vision_warmup, text_layers=a.text_layers, vision_layers=a.vision_layers,
                     init=a.init,
                     cpu_minutes=a.cpu_minutes, stop_after=a.stop_after, multi_scene_share=a.multi_scene_share,
-                    typed_share=a.typed_share, crowded_share=a.crowded_share, bf16=a.bf16, data_worker=a.data_worker,
+                    typed_share=a.typed_share, crowded_share=a.crowded_share, size_ratio=a.size_ratio,
+                    bf16=a.bf16, data_worker=a.data_worker,
                     qtype_weight=_overrides(p, a.qtype_weight, QTYPE_WEIGHT),
                     turn_priority=_overrides(p, a.turn_priority, QTYPE_WEIGHT)))
 

@@ -45,6 +45,7 @@ FOREIGN_SHARE = 0.5  # of typed scenes: one question from outside the world amon
 RETYPE_SHARE = 0.7  # of questions: rewritten as typed
 MAX_RELATIONS = 3  # of a scene's relation questions, so that they do not crowd out the rest
 GAP = 0.14  # fraction of the view by which one shape must be above / left of another to say so
+SIZE_RATIO = 1.7  # how many times the biggest (smallest) shape's visible area must exceed (undercut) the next
 
 # ---------------------------------------------------------------- short forms, from parts
 
@@ -262,7 +263,8 @@ def _answer(shapes: list[Shape], k: int) -> str:
     return f"{scenes._cap(scenes._article(said))} {said}."
 
 
-def relation_qas(shapes: list[Shape], centres, mask: np.ndarray, rng: random.Random) -> list[QA]:
+def relation_qas(shapes: list[Shape], centres, mask: np.ndarray, rng: random.Random,
+                 size_ratio: float = SIZE_RATIO) -> list[QA]:
     """Every relation question the picture answers plainly (see the module docstring)."""
     n = len(shapes)
     if n < 2:
@@ -298,7 +300,7 @@ def relation_qas(shapes: list[Shape], centres, mask: np.ndarray, rng: random.Ran
                                        ("small", lambda j: areas[j], False, None)):
         order = sorted(range(n), key=key, reverse=reverse)
         first, second = key(order[0]), key(order[1])
-        plain = abs(first - second) > gap if gap is not None else max(first, second) > 1.7 * min(first, second)
+        plain = abs(first - second) > gap if gap is not None else max(first, second) > size_ratio * min(first, second)
         if plain:
             if rng.random() < 0.4:
                 add(rng.choice(EXTREME_TAILS).format(rng.choice(EXTREME_WORDS[extreme])).rstrip("?") + "?", order[0])
@@ -382,7 +384,7 @@ def short_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
     return out
 
 
-def typed_scene(rng: random.Random, crowded_share: float = CROWDED_SHARE) -> Scene:
+def typed_scene(rng: random.Random, crowded_share: float = CROWDED_SHARE, size_ratio: float = SIZE_RATIO) -> Scene:
     """A picture (crowded at times, on a canvas of any listed size) with the plain generator's
     questions, the short forms, relations, a colour count and, at times, a question from outside."""
     shapes, mask = _picture(rng, crowded_share)
@@ -393,7 +395,7 @@ def typed_scene(rng: random.Random, crowded_share: float = CROWDED_SHARE) -> Sce
         write_word(img, view, bg_name, rng)
     centres = scenes.centroids(mask, len(shapes))
     qas = scenes._image_qas(shapes, centres, rng) + short_qas(shapes, centres, rng)
-    relations = relation_qas(shapes, centres, mask, rng)
+    relations = relation_qas(shapes, centres, mask, rng, size_ratio)
     qas += rng.sample(relations, min(MAX_RELATIONS, len(relations)))
     if rng.random() < FOREIGN_SHARE:
         qas.append(QA(foreign_question(rng), scenes.CANNOT_TELL, scenes.OUTSIDE_QTYPE))
