@@ -15,10 +15,12 @@ from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
 N_PROMPTS = 64
 # (dtype, logprob tolerance, floor on the share of prompts where the Engine's token is transformers'
-# argmax). The tolerance is about transformers' own drift from float32 in that dtype (measured:
-# bfloat16 0.11, float16 0.02-0.04). Measured Engine vs transformers: bfloat16 max 0.047, 64/64 agree;
-# float16 max 0.030, 64/64. Without RMSNorm's float32 upcast: bfloat16 0.35, float16 27 and 51/64.
-CASES = [("bfloat16", 0.15, 0.95), ("float16", 0.08, 0.95)]
+# argmax). Each side drifts from float32 on its own, so the two can differ by the sum of their drifts.
+# Measured on the built-in model's stage 15: in bfloat16 transformers drifts up to 0.117 from its own
+# float32, the Engine 0.113, and the two differ by up to 0.158 (64/64 agree); float16 passes at 0.08.
+# Without RMSNorm's float32 upcast the Engine differs by 0.28 in bfloat16 with 60/64 agreeing (an
+# earlier checkpoint: 0.35; float16 27 and 51/64).
+CASES = [("bfloat16", 0.2, 0.95), ("float16", 0.08, 0.95)]
 
 
 @pytest.fixture(scope="module")
