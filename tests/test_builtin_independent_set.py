@@ -30,6 +30,14 @@ def test_every_type_and_slice_is_well_represented(items):
     assert all(i.answer == ind.CANNOT_TELL for i in items if i.qtype == "outside")
 
 
+def test_questions_about_every_shape_are_sliced_by_their_count(items):
+    """"how many?" over all shapes carries an "N shapes" tag (the report's rows by count), N its answer."""
+    sliced = [i for i in items if any(t.endswith(" shapes") for t in i.tags)]
+    assert {t for i in sliced for t in i.tags if t.endswith(" shapes")} == {f"{n} shapes" for n in range(1, 7)}
+    for i in sliced:
+        n = next(int(t.split()[0]) for t in i.tags if t.endswith(" shapes"))
+        assert i.qtype == "count" and i.answer == f"{ind.NUMBER[n]}."
+
 def test_issue_49s_exchanges_are_in_it(items):
     asked = {(i.question, i.answer) for i in items}
     assert {("How many shapes are there?", "Two."), ("Where is the square?", "On the right."),

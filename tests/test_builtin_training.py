@@ -3,6 +3,7 @@ frames, the supervision loss measures attention mass on them, per-patch targets 
 centre once, answers follow the generation prompt without a leading space, and a warm start copies
 the earlier checkpoint."""
 
+import json
 import math
 import random
 from pathlib import Path
@@ -19,13 +20,14 @@ from training.builtin.attention_targets import (
 )
 from training.builtin.place_targets import UNIFORM_VARIANCE, PlaceBatch, PlaceHead, PlaceTarget
 from training.builtin.train import (
-    IMAGE_SIZE, AuxHead, BatchMaker, build_image_processor, build_model, checkpoint_depths, losses, patch_targets,
-    picture_counts, resized_position_embedding, warm_start,
+    IMAGE_SIZE, MASS_UNIT, AuxHead, BatchMaker, build_image_processor, build_model, checkpoint_depths, losses,
+    patch_targets, picture_counts, resized_position_embedding, warm_start,
 )
 from vlserve.model.builtin import BUILTIN_MODEL_DIR
 
 GRID = IMAGE_SIZE // 16  # the default model's patch grid (16-px patches)
 SHIPPED_TEXT_LAYERS = checkpoint_depths(Path(BUILTIN_MODEL_DIR))[0]  # warm starts need at least its depth
+SHIPPED_IMAGE_SIZE = json.loads((Path(BUILTIN_MODEL_DIR) / "config.json").read_text())["vision_config"]["image_size"]
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,17 @@ def test_each_shape_centre_is_marked_once_with_its_shape():
     assert not patch_targets(outside, GRID)[..., [0, 1, 4]].any()
 
 
+def _fitted(head: torch.nn.Module, loss_fn, steps: int = 300) -> tuple[float, float]:
+    """Train a read-out head alone with Adam; its loss before and after."""
+    opt = torch.optim.Adam(head.parameters(), lr=0.05)
+    first = loss_fn().item()
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+    return first, loss.item()
+
 def test_count_head_reads_each_pictures_counts_from_its_mean_patch():
     rng = random.Random(5)
     pictures = [typed.typed_scene(rng, crowded_share=0.5) for _ in range(12)]
@@ -92,14 +105,36 @@ def test_count_head_reads_each_pictures_counts_from_its_mean_patch():
     # features whose mean carries the counts: the loss falls as the linear read-out fits them
     feats = torch.randn(len(pictures), GRID * GRID, 8) * 0.1
     feats[..., :4] += counts[:, None, :]
-    opt = torch.optim.Adam(aux.count.parameters(), lr=0.05)
-    first = aux.count_loss(feats, targets).item()
-    for _ in range(300):
-        opt.zero_grad()
-        loss = aux.count_loss(feats, targets)
-        loss.backward()
-        opt.step()
-    assert loss.item() < 0.05 * first
+    first, last = _fitted(aux.count, lambda: aux.count_loss(feats, targets))
+    assert last < 0.05 * first
+
+
+def test_patch_masses_sum_to_the_count_and_lie_where_each_shape_is_seen():
+    """The density target: each shape spreads one unit over the patches it is seen in, so a picture's
+    masses sum to its number of shapes (to rounding), crowded or not, and background patches have none."""
+    rng = random.Random(6)
+    for crowded in (0.0, 1.0):
+        for _ in range(15):
+            scene = typed.typed_scene(rng, crowded_share=crowded, crowded_counts=(4, 5, 6))
+            t = patch_targets(scene, GRID)[0]
+            assert abs(t[:, 5].sum() - MASS_UNIT * len(scene.objects[0])) <= GRID * GRID
+            blocks = scenes.patch_blocks(scene.masks[0], GRID)
+            assert ((t[:, 5] > 0) <= (blocks > 0).any(1)).all()
+    assert not patch_targets(scenes.outside_scene(rng), GRID)[..., 5].any()
+
+
+def test_density_head_reads_counts_as_a_sum_of_patches():
+    rng = random.Random(7)
+    pictures = [typed.typed_scene(rng, crowded_share=0.5, crowded_counts=(4, 5, 6)) for _ in range(12)]
+    targets = torch.from_numpy(np.concatenate([patch_targets(s, GRID) for s in pictures])).long()
+    assert AuxHead(8, GRID).density is None  # not made (nor drawn from the random stream) unless weighed
+    aux = AuxHead(8, GRID, density_weight=1.0)
+    feats = torch.randn(len(pictures), GRID * GRID, 8) * 0.05
+    feats[..., 0] += targets[..., 5].float() / MASS_UNIT  # features that carry each patch's mass
+    first, last = _fitted(aux.density, lambda: aux.density_loss(feats, targets))
+    assert last < 0.05 * first
+    summed = aux.density(feats).squeeze(-1).sum(-1).round()
+    assert summed.tolist() == [float(len(s.objects[0])) for s in pictures]
 
 
 def test_named_shape_question_targets_that_shape_and_its_keywords(maker):
@@ -284,7 +319,7 @@ def test_warm_start_copies_the_checkpoint():
 
     tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
     old = LlavaForConditionalGeneration.from_pretrained(BUILTIN_MODEL_DIR)
-    new = build_model(tok, text_layers=SHIPPED_TEXT_LAYERS)
+    new = build_model(tok, text_layers=SHIPPED_TEXT_LAYERS, image_size=SHIPPED_IMAGE_SIZE)
     warm_start(new, tok, BUILTIN_MODEL_DIR)
     old_state, new_state = old.state_dict(), new.state_dict()
     assert old_state.keys() == new_state.keys()
@@ -297,14 +332,16 @@ def test_warm_start_at_another_image_size_resamples_the_position_table():
 
     tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
     old = LlavaForConditionalGeneration.from_pretrained(BUILTIN_MODEL_DIR).state_dict()
-    new = build_model(tok, image_size=128, text_layers=SHIPPED_TEXT_LAYERS)
+    size = 96 if SHIPPED_IMAGE_SIZE == 128 else 128
+    new = build_model(tok, image_size=size, text_layers=SHIPPED_TEXT_LAYERS)
     warm_start(new, tok, BUILTIN_MODEL_DIR)
     key = "model.vision_tower.embeddings.position_embedding.weight"
     table = new.state_dict()[key]
-    assert table.shape == (1 + 8 * 8, old[key].shape[1])
+    grid = size // 16
+    assert table.shape == (1 + grid * grid, old[key].shape[1])
     assert torch.equal(table[0], old[key][0])  # the class token's row is not a place
-    # the corners of the 8x8 grid sit nearer the old 6x6 corners than the middle does
-    corner, middle = table[1], table[1 + 4 * 8 + 4]
+    # the corners of the new grid sit nearer the old grid's corners than the middle does
+    corner, middle = table[1], table[1 + (grid // 2) * grid + grid // 2]
     assert (corner - old[key][1]).norm() < (middle - old[key][1]).norm()
     assert all(torch.equal(new.state_dict()[k], v) for k, v in old.items() if k != key)
 
@@ -314,15 +351,16 @@ def test_warm_start_into_a_deeper_model_computes_what_the_checkpoint_did():
 
     tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
     old = LlavaForConditionalGeneration.from_pretrained(BUILTIN_MODEL_DIR).eval()
-    new = build_model(tok, vision_layers=6, text_layers=SHIPPED_TEXT_LAYERS + 1).eval()
+    new = build_model(tok, vision_layers=6, text_layers=SHIPPED_TEXT_LAYERS + 1, image_size=SHIPPED_IMAGE_SIZE).eval()
     warm_start(new, tok, BUILTIN_MODEL_DIR)
     assert new.config.vision_config.num_hidden_layers == 6
     assert new.config.text_config.num_hidden_layers == SHIPPED_TEXT_LAYERS + 1
     grown = new.model.vision_tower.encoder.layers[5]
     assert not grown.mlp.fc2.weight.any() and grown.mlp.fc1.weight.any()  # only the residual outputs are zero
     image_id = new.config.image_token_id
-    ids = torch.tensor([[tok.bos_token_id] + [image_id] * 36 + tok("how many shapes?").input_ids])
-    pixels = torch.randn(1, 3, IMAGE_SIZE, IMAGE_SIZE)
+    tokens = (SHIPPED_IMAGE_SIZE // 16) ** 2
+    ids = torch.tensor([[tok.bos_token_id] + [image_id] * tokens + tok("how many shapes?").input_ids])
+    pixels = torch.randn(1, 3, SHIPPED_IMAGE_SIZE, SHIPPED_IMAGE_SIZE)
     with torch.no_grad():
         want = old(input_ids=ids, pixel_values=pixels).logits
         got = new(input_ids=ids, pixel_values=pixels).logits
@@ -433,3 +471,23 @@ def test_averaging_checkpoints_weighs_each_tensor_by_its_share(tmp_path):
     assert (tmp_path / "mixed" / "config.json").read_text() == (BUILTIN_MODEL_DIR / "config.json").read_text()
     with pytest.raises(ValueError, match="add up"):
         average(tmp_path / "bad", [(BUILTIN_MODEL_DIR, 0.5), (zeros, 0.4)])
+
+
+def test_averaging_with_a_checkpoint_at_another_image_size_resamples_its_position_table(tmp_path):
+    """A checkpoint whose vision position table is for another grid joins an average with that table
+    resampled to the first checkpoint's grid (as a warm start at the first's size would begin)."""
+    from safetensors.torch import load_file, save_file
+
+    from training.builtin.average import POSITION_TABLE, WEIGHTS, average
+
+    shipped = load_file(BUILTIN_MODEL_DIR / WEIGHTS)
+    grid = math.isqrt(shipped[POSITION_TABLE].shape[0] - 1)
+    other = tmp_path / "other_grid"
+    other.mkdir()
+    table = torch.randn(1 + (grid + 2) ** 2, shipped[POSITION_TABLE].shape[1])
+    save_file(shipped | {POSITION_TABLE: table}, other / WEIGHTS)
+    average(tmp_path / "mixed", [(BUILTIN_MODEL_DIR, 0.5), (other, 0.5)])
+    mixed = load_file(tmp_path / "mixed" / WEIGHTS)
+    want = 0.5 * shipped[POSITION_TABLE] + 0.5 * resized_position_embedding(table, grid)
+    assert torch.allclose(mixed[POSITION_TABLE], want, atol=1e-6)
+    assert all(torch.equal(mixed[k], shipped[k]) for k in shipped if k != POSITION_TABLE)

@@ -54,6 +54,16 @@ def test_the_crowded_share_decides_how_many_pictures_are_crowded(share, crowded)
     assert sum(len(s.objects[0]) >= 5 for s in scenes_drawn) == crowded
 
 
+def test_the_crowded_counts_decide_how_many_shapes_a_crowded_picture_has():
+    """Crowded pictures of four (besides five and six), so that small shapes do not mean "five or six";
+    train.py passes --crowded-counts through to them."""
+    rng = random.Random(4)
+    drawn = [typed.typed_scene(rng, crowded_share=1.0, crowded_counts=(4, 5, 6)) for _ in range(30)]
+    assert {len(s.objects[0]) for s in drawn} == {4, 5, 6}
+    fours = [image_or_outside(random.Random(seed), typed_share=1.0, crowded_share=1.0, crowded_counts=(4,))
+             for seed in range(12)]
+    assert {len(s.objects[0]) for s in fours if s.objects[0]} == {4}
+
 def test_counts_reach_six_and_out_of_world_questions_get_the_fixed_sentence(drawn):
     counts = {qa.answer for sc in drawn for qa in sc.qas if qa.qtype == "count"}
     assert {"Five.", "Six."} <= counts

@@ -6,6 +6,8 @@ three sibling fine-tunings (one start, one recipe, three seeds) averaged with th
 
 Every file other than the weights (config, tokenizer, processor, chat template) is the first
 checkpoint's; the weights are the weighted sum, tensor by tensor, and the shares must add up to 1.
+A checkpoint at another image size (stage 16: 128 px from a 96-px start) joins with its vision
+position table resampled to the first's grid, as a warm start at that size begins from it.
 """
 
 from __future__ import annotations
@@ -14,9 +16,22 @@ import argparse
 import shutil
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 
 WEIGHTS = "model.safetensors"
+POSITION_TABLE = "vision_tower.embeddings.position_embedding.weight"  # its key as save_pretrained writes it
+
+
+def _on_grid_of(state: dict[str, torch.Tensor], first: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` with its vision position table resampled to `first`'s patch grid, where they differ."""
+    from training.builtin.train import resized_position_embedding
+
+    want = first[POSITION_TABLE].shape[0]
+    if state[POSITION_TABLE].shape[0] == want:
+        return state
+    grid = round((want - 1) ** 0.5)
+    return state | {POSITION_TABLE: resized_position_embedding(state[POSITION_TABLE].float(), grid)}
 
 
 def average(out: Path, parts: list[tuple[Path, float]]) -> None:
@@ -24,6 +39,7 @@ def average(out: Path, parts: list[tuple[Path, float]]) -> None:
         raise ValueError(f"shares add up to {sum(s for _, s in parts)}, not 1")
     states = [(load_file(path / WEIGHTS), share) for path, share in parts]
     first = states[0][0]
+    states = [(_on_grid_of(state, first), share) for state, share in states]
     for state, _ in states[1:]:
         if {k: v.shape for k, v in state.items()} != {k: v.shape for k, v in first.items()}:
             raise ValueError("the checkpoints differ in shape")

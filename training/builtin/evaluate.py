@@ -37,7 +37,8 @@ MAX_NEW_TOKENS = 24
 QTYPE_GROUPS = (("image", scenes.IMAGE_QTYPES), ("video", scenes.VIDEO_QTYPES),
                 ("outside", (scenes.OUTSIDE_QTYPE,)))
 TYPED_GROUPS = (("typed", typed.QTYPES),)
-INDEPENDENT_GROUPS = (("independent", independent_set.QTYPES), ("slice", ("crowded", "wide", "tall", "square")))
+INDEPENDENT_GROUPS = (("independent", independent_set.QTYPES), ("slice", ("crowded", "wide", "tall", "square")),
+                      ("slice", tuple(f"{n} shapes" for n in independent_set.NUMBER)))
 
 
 @dataclass

@@ -50,7 +50,7 @@ class Item:
     question: str
     answer: str  # the expected answer, in the model's answer style
     qtype: str
-    tags: tuple[str, ...] = ()  # "crowded", "wide"/"tall": slices the report also shows
+    tags: tuple[str, ...] = ()  # "crowded", "wide"/"tall", "N shapes" (how many? of N): slices the report shows
 
 
 # ---------------------------------------------------------------- drawing
@@ -274,8 +274,8 @@ def _image_items(rng: random.Random, n_scenes: int) -> list[Item]:
             f = rng.choice(unique_colour)
             ask(_phrase(rng.choice(SHAPE_QS), c=f.colour), f"{_cap(_an(f.kind))} {f.kind}.", "shape")
         pick = rng.random()
-        if pick < 0.5:
-            ask(rng.choice(COUNT_QS), f"{NUMBER[n]}.", "count")
+        if pick < 0.5:  # the count of every shape, also sliced by that count ("4 shapes")
+            out.append(Item([img], rng.choice(COUNT_QS), f"{NUMBER[n]}.", "count", tags + (f"{n} shapes",)))
         elif pick < 0.8:
             kind = rng.choice(KINDS)
             k = sum(f.kind == kind for f in figs)

@@ -6,15 +6,17 @@
 
 The model is transformers' `LlavaForConditionalGeneration` (CLIP vision tower, two-layer MLP
 projector, Llama decoder with grouped-query attention), saved with `save_pretrained`, so the
-checkpoint is plain Hugging Face LLaVA format: 96 px images in 16 px patches, so 36 tokens an image
-and 288 for an 8-frame video. Training adds four things that are not saved:
+checkpoint is plain Hugging Face LLaVA format: by default 96 px images in 16 px patches, so 36 tokens
+an image and 288 for an 8-frame video (the shipped model, from stage 16: `--image-size 128`, 64 and
+512). Training adds four things that are not saved:
 
 - a curriculum: the vision tower and projector first learn the per-patch targets below on their own
   (`--vision-warmup` steps), then the whole model trains on answers plus those targets;
 - an auxiliary head on the projector's output that predicts, for every patch, the shape and colour
   under it, the patch's row and column, and which shape (if any) has its visible centre there (one
   mark per shape, so the mean over patches is a count), so the image tokens carry what the questions
-  ask about; with `--count-weight`, also each picture's counts read linearly from its mean patch;
+  ask about; with `--count-weight`, also each picture's counts read linearly from its mean patch; with
+  `--density-weight`, each patch's share of the shapes' mass (a density map whose sum is the count);
 - attention supervision (attention_targets.py): two heads of one decoder layer are told which
   patches (and frames) answer the question, and one head of the layer below which question words
   name the thing asked about; this is what taught the decoder to bind a colour to a named shape;
@@ -87,7 +89,7 @@ from training.builtin.place_targets import PLACE_LAYER, PlaceBatch, PlaceHead, P
 from training.builtin.tokenizer import BUILTIN_CHAT_TEMPLATE, IMAGE, train_tokenizer
 from vlserve.testing.checkpoint_tools import clip_image_processor_kwargs
 
-IMAGE_SIZE = 96  # the shipped checkpoint's input (run 6); 64 px (16 tokens) lost small shapes' counts and captions
+IMAGE_SIZE = 96  # stages 1-15's input; 64 px (16 tokens) lost small shapes' counts and captions
 
 # Left/right (position, direction) is what lags in every run from scratch: with position 2 and
 # direction 3 (and turn priorities 1.5 and 3), a 3,900-step run ended at position 48%, direction 50%;
@@ -134,6 +136,7 @@ class TrainArgs:
     warmup: int = 150
     aux_weight: float = 1.0
     count_weight: float = 0.0
+    density_weight: float = 0.0  # of the per-patch density read-out (AuxHead.density_loss); 0: not trained
     attn_weight: float = 1.0
     place_weight: float = 0.0  # of the relation place read-out's loss (place_targets.py); 0: not trained
     threads: int = 1  # on a shared 2-core machine, 2 threads ran 10x slower than 1 (oversubscription)
@@ -150,7 +153,8 @@ class TrainArgs:
     turn_priority: dict[str, float] = field(default_factory=dict)  # overrides of TURN_PRIORITY
     multi_scene_share: float = 0.0  # of the image batches: few-shot rows, a new picture every turn
     typed_share: float = 0.0  # of the scenes: typed.py's (crowded, relations, out-of-world questions, typed phrasing)
-    crowded_share: float = typed.CROWDED_SHARE  # of typed.py's drawn pictures: five or six smaller shapes
+    crowded_share: float = typed.CROWDED_SHARE  # of typed.py's drawn pictures: CROWDED_COUNTS smaller shapes
+    crowded_counts: tuple[int, ...] = typed.CROWDED_COUNTS  # how many shapes a crowded picture has
     size_ratio: float = typed.SIZE_RATIO  # the area ratio from which typed.py asks for the biggest / smallest
     bf16: bool = False  # forward and backward under bfloat16 autocast (AMX); weights and optimizer stay fp32
     data_worker: bool = False  # draw batches in a child process (batch_stream.py), a few steps ahead
@@ -309,7 +313,7 @@ class Batch:
     attention_mask: torch.Tensor  # [B, T]
     target_weight: torch.Tensor  # [B, T] weight of predicting input_ids[:, t] (0 = not a target)
     pixel_values: torch.Tensor  # [n_images, 3, H, W], in order of their <image> runs
-    patch_targets: torch.Tensor  # [n_images, grid*grid, 5]: shape, colour, row, col, centre's shape
+    patch_targets: torch.Tensor  # [n_images, grid*grid, 6]: shape, colour, row, col, centre's shape, mass
     qtypes: list[list[tuple[str, int, int]]]  # per sequence: (qtype, start, end) of each answer span
     attention: AttentionBatch
     places: PlaceBatch
@@ -323,9 +327,24 @@ def centre_patch(x: float, y: float, grid: int, marked: np.ndarray) -> int:
     return int(np.where(marked > 0, np.inf, distance).argmin())
 
 
+MASS_UNIT = 1000  # patch_targets' mass column: thousandths of a shape
+
+
+def patch_masses(blocks: np.ndarray, n_objects: int) -> np.ndarray:
+    """Per patch, the share of each object's visible pixels that lie in it, summed over the objects
+    and in MASS_UNITs: a density map whose sum over the patches is the number of (visible) shapes."""
+    mass = np.zeros(blocks.shape[0])
+    for k in range(1, n_objects + 1):
+        pixels = (blocks == k).sum(1)
+        if pixels.sum():
+            mass += pixels / pixels.sum()
+    return np.rint(mass * MASS_UNIT).astype(np.int64)
+
+
 def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
     """Per frame and patch: (shape id, colour id, row, col, shape id of the object whose visible
-    centre is in the patch, or nearest it when two centres share a patch); ids 0 = background / none."""
+    centre is in the patch, or nearest it when two centres share a patch, the shapes' mass in it);
+    ids 0 = background / none."""
     rows, cols = np.divmod(np.arange(grid * grid), grid)
     out = []
     for mask, objects in zip(scene.masks, scene.objects):
@@ -339,7 +358,8 @@ def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
         centre = np.zeros(grid * grid, dtype=np.int64)
         for o, (x, y) in zip(objects, scenes.centroids(mask, len(objects))):
             centre[centre_patch(x, y, grid, centre)] = scenes.SHAPES.index(o.shape) + 1
-        out.append(np.stack([shape_id, colour_id, rows, cols, centre], axis=1))
+        mass = patch_masses(blocks, len(objects))
+        out.append(np.stack([shape_id, colour_id, rows, cols, centre, mass], axis=1))
     return np.stack(out)
 
 
@@ -483,19 +503,29 @@ def picture_counts(targets: torch.Tensor) -> torch.Tensor:
 class AuxHead(nn.Module):
     """Training-only: per-patch shape / colour / row / column / centre mark from the projector's output
     and, with a `count_weight`, each picture's counts (all its shapes, and each kind) read linearly
-    from the mean of its patches, which is what a decoder head that looks at every patch alike gets."""
+    from the mean of its patches, which is what a decoder head that looks at every patch alike gets;
+    with a `density_weight`, each patch's mass (patch_masses) read linearly from that patch, so that a
+    head looking at every patch alike reads the count as a sum of per-patch parts."""
 
-    def __init__(self, hidden: int, grid: int, count_weight: float = 0.0):
+    def __init__(self, hidden: int, grid: int, count_weight: float = 0.0, density_weight: float = 0.0):
         super().__init__()
         self.sizes = (len(scenes.SHAPES) + 1, len(scenes.COLOURS) + 1, grid, grid, len(scenes.SHAPES) + 1)
         self.proj = nn.Linear(hidden, sum(self.sizes))
         # made only when trained, so that a recipe without it draws the same random numbers as before
         self.count_weight = count_weight
         self.count = nn.Linear(hidden, 1 + len(scenes.SHAPES)) if count_weight else None
+        self.density_weight = density_weight
+        self.density = nn.Linear(hidden, 1) if density_weight else None
 
     def count_loss(self, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Huber loss of the counts read from the mean patch."""
         return F.smooth_l1_loss(self.count(feats.mean(1)), picture_counts(targets))
+
+    def density_loss(self, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Squared error of the per-patch masses, summed over a picture's patches, plus that of their
+        sum (the count), averaged over the pictures."""
+        pred, mass = self.density(feats).squeeze(-1), targets[..., 5].float() / MASS_UNIT
+        return ((pred - mass) ** 2).sum(-1).mean() + ((pred.sum(-1) - mass.sum(-1)) ** 2).mean()
 
     def loss(self, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.proj(feats).split(self.sizes, dim=-1)
@@ -510,6 +540,8 @@ class AuxHead(nn.Module):
             total = total + ((ce * wi).sum() / wi.sum() if wi is not None else 0.5 * ce.mean())
         if self.count is not None:
             total = total + self.count_weight * self.count_loss(feats, targets)
+        if self.density is not None:
+            total = total + self.density_weight * self.density_loss(feats, targets)
         return total
 
 
@@ -626,6 +658,9 @@ def aux_accuracy(model, aux: AuxHead, batch: Batch) -> dict[str, tuple[int, int]
         hit = preds[i] == batch.patch_targets[..., i]
         sel = on_object if i < 2 else torch.ones_like(on_object)
         out[name] = (int(hit[sel].sum()), int(sel.sum()))
+    if aux.density is not None:  # pictures whose summed density rounds to their number of shapes
+        counted = aux.density(feats).squeeze(-1).sum(-1).round() == picture_counts(batch.patch_targets)[:, 0]
+        out["aux_density"] = (int(counted.sum()), counted.numel())
     return out
 
 
@@ -645,11 +680,12 @@ def evaluate_batches(model, batches: list[Batch], aux: AuxHead | None = None) ->
 
 
 def image_or_outside(rng: random.Random, typed_share: float = 0.0, crowded_share: float = typed.CROWDED_SHARE,
-                     size_ratio: float = typed.SIZE_RATIO) -> scenes.Scene:
+                     size_ratio: float = typed.SIZE_RATIO,
+                     crowded_counts: tuple[int, ...] = typed.CROWDED_COUNTS) -> scenes.Scene:
     if typed_share and rng.random() < typed_share:  # no draw at 0: the plain recipe's stream is unchanged
         if rng.random() < OUTSIDE_SHARE:
             return typed.typed_outside_scene(rng)
-        return typed.typed_scene(rng, crowded_share, size_ratio)
+        return typed.typed_scene(rng, crowded_share, size_ratio, crowded_counts)
     return scenes.outside_scene(rng) if rng.random() < OUTSIDE_SHARE else scenes.image_scene(rng)
 
 
@@ -681,6 +717,33 @@ def vision_warmup(model, aux: AuxHead, maker: BatchMaker, args: TrainArgs, rng: 
         opt.step()
 
 
+@torch.no_grad()
+def fit_density_head(model, aux: AuxHead, maker: BatchMaker, args: TrainArgs, n_pictures: int = 384) -> float:
+    """Fit a warm start's density read-out to the checkpoint's own features (ridge regression on
+    pictures from the run's mix, drawn from their own stream) and freeze it: the features then learn to
+    carry the density along the direction where they already carry most of it, instead of following a
+    read-out that Adam's first, full-size steps would throw far off. Returns the share of those
+    pictures whose summed density rounds to their number of shapes."""
+    rng = random.Random(args.seed + 20_000)
+    sc = [image_or_outside(rng, args.typed_share, args.crowded_share, args.size_ratio, args.crowded_counts)
+          for _ in range(n_pictures)]
+    model.eval()
+    feats = torch.cat([image_features(model, maker.proc([s.frames[0] for s in sc[i: i + 64]],
+                                                        return_tensors="pt")["pixel_values"])
+                       for i in range(0, n_pictures, 64)])
+    model.train()
+    targets = torch.from_numpy(np.concatenate([patch_targets(s, maker.grid) for s in sc])).long()
+    x = torch.cat([feats.reshape(-1, feats.shape[-1]), torch.ones(feats.shape[0] * feats.shape[1], 1)], 1).double()
+    y = (targets[..., 5].float() / MASS_UNIT).reshape(-1, 1).double()
+    ridge = 1e-3 * x.pow(2).sum() / x.shape[1] * torch.eye(x.shape[1], dtype=torch.float64)
+    w = torch.linalg.solve(x.T @ x + ridge, x.T @ y).float()
+    aux.density.weight.copy_(w[:-1].T)
+    aux.density.bias.copy_(w[-1])
+    aux.density.requires_grad_(False)
+    counted = aux.density(feats).squeeze(-1).sum(-1).round() == picture_counts(targets)[:, 0]
+    return counted.float().mean().item()
+
+
 def train(args: TrainArgs) -> None:
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -701,7 +764,10 @@ def train(args: TrainArgs) -> None:
     model.set_attn_implementation("eager")  # attention probabilities for the supervision loss
     model.train()
     grid = args.image_size // args.patch
-    aux = AuxHead(model.config.text_config.hidden_size, grid, args.count_weight)
+    aux = AuxHead(model.config.text_config.hidden_size, grid, args.count_weight, args.density_weight)
+    if aux.density is not None and args.init:
+        share = fit_density_head(model, aux, BatchMaker(tokenizer, processor, args.seed, grid), args)
+        print(f"[train] density read-out fitted to {args.init}: {share:.1%} of pictures counted by its sum")
     # made only when trained, so that a recipe without it draws the same random numbers as before
     place_head = PlaceHead(model.config.text_config.hidden_size) if args.place_weight else None
     params = list(model.parameters()) + list(aux.parameters()) + list(place_head.parameters() if place_head else [])
@@ -714,7 +780,8 @@ def train(args: TrainArgs) -> None:
     data_rng = random.Random(args.seed)
 
     def a_picture() -> scenes.Scene:
-        return image_or_outside(data_rng, args.typed_share, args.crowded_share, args.size_ratio)
+        return image_or_outside(data_rng, args.typed_share, args.crowded_share, args.size_ratio,
+                                args.crowded_counts)
 
     def next_batch(step: int) -> Batch:
         if step % args.video_every == args.video_every - 1:
@@ -820,6 +887,9 @@ def main() -> None:
     p.add_argument("--count-weight", type=float, default=0.0,
                    help="weight, within the auxiliary loss, of the counts read from each picture's mean patch "
                         "(0: not trained)")
+    p.add_argument("--density-weight", type=float, default=0.0,
+                   help="weight, within the auxiliary loss, of each patch's share of the shapes' mass, read "
+                        "linearly from that patch (a density map summing to the count; 0: not trained)")
     p.add_argument("--attn-weight", type=float, default=1.0, help="weight of the attention supervision loss")
     p.add_argument("--place-weight", type=float, default=0.0,
                    help="weight of the relation place read-out's loss (place_targets.py; 0: not trained)")
@@ -844,7 +914,9 @@ def main() -> None:
                    help="share of scenes from vlserve/builtin/typed.py (crowded, relations, out-of-world, "
                         "typed phrasing)")
     p.add_argument("--crowded-share", type=float, default=typed.CROWDED_SHARE,
-                   help="share of typed.py's drawn pictures that are crowded (five or six smaller shapes)")
+                   help="share of typed.py's drawn pictures that are crowded (--crowded-counts smaller shapes)")
+    p.add_argument("--crowded-counts", type=int, nargs="+", default=list(typed.CROWDED_COUNTS), metavar="N",
+                   help="how many shapes a crowded picture has, one of these drawn evenly")
     p.add_argument("--size-ratio", type=float, default=typed.SIZE_RATIO,
                    help="typed.py asks for the biggest (smallest) shape when its visible area is this many times "
                         "the next one's (under it)")
@@ -861,13 +933,15 @@ def main() -> None:
     if (a.steps is None) == (a.minutes is None):
         p.error("give exactly one of --steps or --minutes")
     train(TrainArgs(out=a.out, seed=a.seed, steps=a.steps, minutes=a.minutes, threads=a.threads, lr=a.lr,
-                    warmup=a.warmup, aux_weight=a.aux_weight, count_weight=a.count_weight, attn_weight=a.attn_weight,
+                    warmup=a.warmup, aux_weight=a.aux_weight, count_weight=a.count_weight,
+                    density_weight=a.density_weight, attn_weight=a.attn_weight,
                     place_weight=a.place_weight, eval_every=a.eval_every,
                     patch=a.patch, image_size=a.image_size,
                     vision_warmup=a.vision_warmup, text_layers=a.text_layers, vision_layers=a.vision_layers,
                     init=a.init,
                     cpu_minutes=a.cpu_minutes, stop_after=a.stop_after, multi_scene_share=a.multi_scene_share,
                     typed_share=a.typed_share, crowded_share=a.crowded_share, size_ratio=a.size_ratio,
+                    crowded_counts=tuple(a.crowded_counts),
                     bf16=a.bf16, data_worker=a.data_worker,
                     qtype_weight=_overrides(p, a.qtype_weight, QTYPE_WEIGHT),
                     turn_priority=_overrides(p, a.turn_priority, QTYPE_WEIGHT)))

@@ -1,8 +1,8 @@
 """Scenes asked about the way people type (issue 49): the generator's world (scenes.py) widened.
 
 On top of `scenes.image_scene`'s pictures and questions, a typed scene has
-- crowded pictures: five or six smaller shapes that may overlap more (each keeps CROWDED_VISIBLE of
-  itself), and canvases of more sizes and aspect ratios;
+- crowded pictures: CROWDED_COUNTS (five or six) smaller shapes that may overlap more (each keeps
+  CROWDED_VISIBLE of itself), and canvases of more sizes and aspect ratios;
 - relation questions (qtype "relation"): what is above / below / left / right of a named shape, the
   shape at the top / bottom / furthest left / right, the biggest and the smallest, and yes/no
   "is the A above / left of the B"; each asked only where the picture gives one plain answer, read from
@@ -38,6 +38,9 @@ QTYPES = (*scenes.IMAGE_QTYPES, RELATION_QTYPE, scenes.OUTSIDE_QTYPE)
 EXTRA_SIZES = ((240, 180), (180, 240), (256, 144), (144, 256), (200, 100), (100, 200), (224, 168), (320, 240),
                (400, 300), (300, 400), (480, 360), (600, 300), (300, 600), (640, 400), (360, 640), (512, 512))
 CROWDED_SHARE = 0.4
+# How many shapes a crowded picture has, drawn evenly. With (5, 6) alone, small shapes mean "five or
+# six" and a count the vision reads weakly falls to five: four plain shapes are called five.
+CROWDED_COUNTS = (5, 6)
 TEXT_SHARE = 0.1  # of typed pictures: a word written on them in a neutral ink (text is not a shape)
 WORDS = ("SALE", "hello", "OPEN", "STOP", "exit", "No. 7", "Hi!", "menu", "ABC", "12:30", "café", "EXIT 4")
 CROWDED_VISIBLE = 0.55
@@ -206,10 +209,10 @@ def foreign_question(rng: random.Random) -> str:
 # ---------------------------------------------------------------- pictures
 
 
-def crowded_shapes(rng: random.Random) -> tuple[list[Shape], np.ndarray]:
-    """Five or six smaller shapes, each keeping CROWDED_VISIBLE of itself."""
+def crowded_shapes(rng: random.Random, counts: tuple[int, ...] = CROWDED_COUNTS) -> tuple[list[Shape], np.ndarray]:
+    """`counts` (one of them) smaller shapes, each keeping CROWDED_VISIBLE of itself."""
     while True:
-        n = rng.choice((5, 6))
+        n = rng.choice(counts)
         colours = [rng.choice(list(scenes.COLOURS)) for _ in range(n)] if rng.random() < 0.4 else \
             rng.sample(list(scenes.COLOURS), n)
         shapes = []
@@ -230,9 +233,10 @@ def write_word(img: Image.Image, view: scenes.View, bg_name: str, rng: random.Ra
     ImageDraw.Draw(img).text((x, y), rng.choice(WORDS), fill=ink, font_size=max(8, view.side // rng.randint(7, 12)))
 
 
-def _picture(rng: random.Random, crowded_share: float = CROWDED_SHARE) -> tuple[list[Shape], np.ndarray]:
+def _picture(rng: random.Random, crowded_share: float = CROWDED_SHARE,
+             crowded_counts: tuple[int, ...] = CROWDED_COUNTS) -> tuple[list[Shape], np.ndarray]:
     if rng.random() < crowded_share:
-        return crowded_shapes(rng)
+        return crowded_shapes(rng, crowded_counts)
     while True:
         n = rng.choice((1, 2, 2, 3, 3, 4))
         placed = scenes.place_shapes(n, rng, scenes._colours(n, rng))
@@ -384,10 +388,11 @@ def short_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
     return out
 
 
-def typed_scene(rng: random.Random, crowded_share: float = CROWDED_SHARE, size_ratio: float = SIZE_RATIO) -> Scene:
+def typed_scene(rng: random.Random, crowded_share: float = CROWDED_SHARE, size_ratio: float = SIZE_RATIO,
+                crowded_counts: tuple[int, ...] = CROWDED_COUNTS) -> Scene:
     """A picture (crowded at times, on a canvas of any listed size) with the plain generator's
     questions, the short forms, relations, a colour count and, at times, a question from outside."""
-    shapes, mask = _picture(rng, crowded_share)
+    shapes, mask = _picture(rng, crowded_share, crowded_counts)
     view = scenes.View(*rng.choice(scenes.PICTURE_SIZES + EXTRA_SIZES))
     bg_kind, bg_name = rng.choice(scenes.BACKGROUND_KINDS), rng.choice(list(scenes.BACKGROUNDS))
     img = scenes.render(shapes, view, bg_kind, bg_name, rng)
