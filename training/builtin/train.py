@@ -330,15 +330,13 @@ def centre_patch(x: float, y: float, grid: int, marked: np.ndarray) -> int:
 MASS_UNIT = 1000  # patch_targets' mass column: thousandths of a shape
 
 
-def patch_masses(blocks: np.ndarray, n_objects: int) -> np.ndarray:
-    """Per patch, the share of each object's visible pixels that lie in it, summed over the objects
-    and in MASS_UNITs: a density map whose sum over the patches is the number of (visible) shapes."""
-    mass = np.zeros(blocks.shape[0])
-    for k in range(1, n_objects + 1):
-        pixels = (blocks == k).sum(1)
-        if pixels.sum():
-            mass += pixels / pixels.sum()
-    return np.rint(mass * MASS_UNIT).astype(np.int64)
+def patch_masses(pixels: np.ndarray) -> np.ndarray:
+    """From each object's visible pixels per patch ([patches, objects]), the share of each object that
+    lies in a patch, summed over the objects and in MASS_UNITs: a density map whose sum over the
+    patches is the number of (visible) shapes."""
+    seen = pixels.sum(0)
+    shares = pixels[:, seen > 0] / seen[seen > 0]
+    return np.rint(shares.sum(1) * MASS_UNIT).astype(np.int64)
 
 
 def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
@@ -350,6 +348,7 @@ def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
     for mask, objects in zip(scene.masks, scene.objects):
         blocks = scenes.patch_blocks(mask, grid)
         counts = np.stack([(blocks == k).sum(1) for k in range(len(objects) + 1)], axis=1)
+        mass = patch_masses(counts[:, 1:])
         counts[:, 0] = 0
         owner = counts.argmax(1)
         owner[counts.max(1) < blocks.shape[1] // 16] = 0
@@ -358,7 +357,6 @@ def patch_targets(scene: scenes.Scene, grid: int) -> np.ndarray:
         centre = np.zeros(grid * grid, dtype=np.int64)
         for o, (x, y) in zip(objects, scenes.centroids(mask, len(objects))):
             centre[centre_patch(x, y, grid, centre)] = scenes.SHAPES.index(o.shape) + 1
-        mass = patch_masses(blocks, len(objects))
         out.append(np.stack([shape_id, colour_id, rows, cols, centre, mass], axis=1))
     return np.stack(out)
 
@@ -527,6 +525,10 @@ class AuxHead(nn.Module):
         pred, mass = self.density(feats).squeeze(-1), targets[..., 5].float() / MASS_UNIT
         return ((pred - mass) ** 2).sum(-1).mean() + ((pred.sum(-1) - mass.sum(-1)) ** 2).mean()
 
+    def density_counts(self, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per picture, whether its summed density read-out rounds to its number of shapes."""
+        return self.density(feats).squeeze(-1).sum(-1).round() == picture_counts(targets)[:, 0]
+
     def loss(self, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.proj(feats).split(self.sizes, dim=-1)
         # Most patches are background; weight object patches up so shape is learned, not just "empty".
@@ -659,7 +661,7 @@ def aux_accuracy(model, aux: AuxHead, batch: Batch) -> dict[str, tuple[int, int]
         sel = on_object if i < 2 else torch.ones_like(on_object)
         out[name] = (int(hit[sel].sum()), int(sel.sum()))
     if aux.density is not None:  # pictures whose summed density rounds to their number of shapes
-        counted = aux.density(feats).squeeze(-1).sum(-1).round() == picture_counts(batch.patch_targets)[:, 0]
+        counted = aux.density_counts(feats, batch.patch_targets)
         out["aux_density"] = (int(counted.sum()), counted.numel())
     return out
 
@@ -718,7 +720,7 @@ def vision_warmup(model, aux: AuxHead, maker: BatchMaker, args: TrainArgs, rng: 
 
 
 @torch.no_grad()
-def fit_density_head(model, aux: AuxHead, maker: BatchMaker, args: TrainArgs, n_pictures: int = 384) -> float:
+def fit_density_head(model, aux: AuxHead, processor, grid: int, args: TrainArgs, n_pictures: int = 384) -> float:
     """Fit a warm start's density read-out to the checkpoint's own features (ridge regression on
     pictures from the run's mix, drawn from their own stream) and freeze it: the features then learn to
     carry the density along the direction where they already carry most of it, instead of following a
@@ -728,11 +730,11 @@ def fit_density_head(model, aux: AuxHead, maker: BatchMaker, args: TrainArgs, n_
     sc = [image_or_outside(rng, args.typed_share, args.crowded_share, args.size_ratio, args.crowded_counts)
           for _ in range(n_pictures)]
     model.eval()
-    feats = torch.cat([image_features(model, maker.proc([s.frames[0] for s in sc[i: i + 64]],
-                                                        return_tensors="pt")["pixel_values"])
+    feats = torch.cat([image_features(model, processor([s.frames[0] for s in sc[i: i + 64]],
+                                                       return_tensors="pt")["pixel_values"])
                        for i in range(0, n_pictures, 64)])
     model.train()
-    targets = torch.from_numpy(np.concatenate([patch_targets(s, maker.grid) for s in sc])).long()
+    targets = torch.from_numpy(np.concatenate([patch_targets(s, grid) for s in sc])).long()
     x = torch.cat([feats.reshape(-1, feats.shape[-1]), torch.ones(feats.shape[0] * feats.shape[1], 1)], 1).double()
     y = (targets[..., 5].float() / MASS_UNIT).reshape(-1, 1).double()
     ridge = 1e-3 * x.pow(2).sum() / x.shape[1] * torch.eye(x.shape[1], dtype=torch.float64)
@@ -740,8 +742,7 @@ def fit_density_head(model, aux: AuxHead, maker: BatchMaker, args: TrainArgs, n_
     aux.density.weight.copy_(w[:-1].T)
     aux.density.bias.copy_(w[-1])
     aux.density.requires_grad_(False)
-    counted = aux.density(feats).squeeze(-1).sum(-1).round() == picture_counts(targets)[:, 0]
-    return counted.float().mean().item()
+    return aux.density_counts(feats, targets).float().mean().item()
 
 
 def train(args: TrainArgs) -> None:
@@ -766,7 +767,7 @@ def train(args: TrainArgs) -> None:
     grid = args.image_size // args.patch
     aux = AuxHead(model.config.text_config.hidden_size, grid, args.count_weight, args.density_weight)
     if aux.density is not None and args.init:
-        share = fit_density_head(model, aux, BatchMaker(tokenizer, processor, args.seed, grid), args)
+        share = fit_density_head(model, aux, processor, grid, args)
         print(f"[train] density read-out fitted to {args.init}: {share:.1%} of pictures counted by its sum")
     # made only when trained, so that a recipe without it draws the same random numbers as before
     place_head = PlaceHead(model.config.text_config.hidden_size) if args.place_weight else None
