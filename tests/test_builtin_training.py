@@ -74,7 +74,7 @@ def test_each_shape_centre_is_marked_once_with_its_shape():
         # one mark per shape, of its kind, even where two centres fall in one patch
         assert marked == sorted(scenes.SHAPES.index(o.shape) + 1 for o in objects)
     for _ in range(40):  # crowded pictures, where centres share patches most
-        scene = typed.typed_scene(rng, crowded_share=1.0)
+        scene = typed.typed_scene(rng, typed.PictureMix(crowded_share=1.0))
         marked = sorted(int(c) for c in patch_targets(scene, GRID)[0][:, 4] if c)
         assert marked == sorted(scenes.SHAPES.index(o.shape) + 1 for o in scene.objects[0])
     outside = scenes.outside_scene(rng)
@@ -94,7 +94,7 @@ def _fitted(head: torch.nn.Module, loss_fn, steps: int = 300) -> tuple[float, fl
 
 def test_count_head_reads_each_pictures_counts_from_its_mean_patch():
     rng = random.Random(5)
-    pictures = [typed.typed_scene(rng, crowded_share=0.5) for _ in range(12)]
+    pictures = [typed.typed_scene(rng, typed.PictureMix(crowded_share=0.5)) for _ in range(12)]
     targets = torch.from_numpy(np.concatenate([patch_targets(s, GRID) for s in pictures])).long()
     counts = picture_counts(targets)
     for scene, row in zip(pictures, counts.tolist()):
@@ -115,7 +115,7 @@ def test_patch_masses_sum_to_the_count_and_lie_where_each_shape_is_seen():
     rng = random.Random(6)
     for crowded in (0.0, 1.0):
         for _ in range(15):
-            scene = typed.typed_scene(rng, crowded_share=crowded, crowded_counts=(4, 5, 6))
+            scene = typed.typed_scene(rng, typed.PictureMix(crowded_share=crowded, crowded_counts=(4, 5, 6)))
             t = patch_targets(scene, GRID)[0]
             assert abs(t[:, 5].sum() - MASS_UNIT * len(scene.objects[0])) <= GRID * GRID
             blocks = scenes.patch_blocks(scene.masks[0], GRID)
@@ -125,7 +125,8 @@ def test_patch_masses_sum_to_the_count_and_lie_where_each_shape_is_seen():
 
 def test_density_head_reads_counts_as_a_sum_of_patches():
     rng = random.Random(7)
-    pictures = [typed.typed_scene(rng, crowded_share=0.5, crowded_counts=(4, 5, 6)) for _ in range(12)]
+    mix = typed.PictureMix(crowded_share=0.5, crowded_counts=(4, 5, 6))
+    pictures = [typed.typed_scene(rng, mix) for _ in range(12)]
     targets = torch.from_numpy(np.concatenate([patch_targets(s, GRID) for s in pictures])).long()
     assert AuxHead(8, GRID).density is None  # not made (nor drawn from the random stream) unless weighed
     aux = AuxHead(8, GRID, density_weight=1.0)

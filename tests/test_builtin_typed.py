@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from training.builtin.train import image_or_outside
+from training.builtin.train import TrainArgs, image_or_outside
 from vlserve.builtin import scenes, typed
 from vlserve.builtin.phrasing import retype
 
@@ -50,7 +50,7 @@ def test_crowded_pictures_have_five_or_six_mostly_visible_shapes():
 @pytest.mark.parametrize("share,crowded", [(1.0, 20), (0.0, 0)])
 def test_the_crowded_share_decides_how_many_pictures_are_crowded(share, crowded):
     rng = random.Random(3)
-    scenes_drawn = [typed.typed_scene(rng, crowded_share=share) for _ in range(20)]
+    scenes_drawn = [typed.typed_scene(rng, typed.PictureMix(crowded_share=share)) for _ in range(20)]
     assert sum(len(s.objects[0]) >= 5 for s in scenes_drawn) == crowded
 
 
@@ -58,11 +58,27 @@ def test_the_crowded_counts_decide_how_many_shapes_a_crowded_picture_has():
     """Crowded pictures of four (besides five and six), so that small shapes do not mean "five or six";
     train.py passes --crowded-counts through to them."""
     rng = random.Random(4)
-    drawn = [typed.typed_scene(rng, crowded_share=1.0, crowded_counts=(4, 5, 6)) for _ in range(30)]
+    drawn = [typed.typed_scene(rng, typed.PictureMix(crowded_share=1.0, crowded_counts=(4, 5, 6))) for _ in range(30)]
     assert {len(s.objects[0]) for s in drawn} == {4, 5, 6}
-    fours = [image_or_outside(random.Random(seed), typed_share=1.0, crowded_share=1.0, crowded_counts=(4,))
-             for seed in range(12)]
+    mix = TrainArgs(out="unused", crowded_share=1.0, crowded_counts=(4,)).picture_mix
+    fours = [image_or_outside(random.Random(seed), typed_share=1.0, mix=mix) for seed in range(12)]
     assert {len(s.objects[0]) for s in fours if s.objects[0]} == {4}
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_the_repeat_shares_decide_whether_shapes_share_a_colour(share):
+    """Colours drawn with repeats, so that counting cannot lean on counting colours; train.py passes
+    --crowded-repeat-share and --plain-repeat-share through."""
+    mix = TrainArgs(out="unused", crowded_share=0.5, crowded_repeat_share=share, plain_repeat_share=share).picture_mix
+    rng = random.Random(5)
+    drawn = [typed.typed_scene(rng, mix) for _ in range(60)]
+    many = [s.objects[0] for s in drawn if len(s.objects[0]) >= 3]
+    repeated = [len({sh.colour for sh in shapes}) < len(shapes) for shapes in many]
+    crowded = [r for shapes, r in zip(many, repeated) if len(shapes) >= 5]
+    if share == 0.0:
+        assert not any(repeated)
+    else:
+        assert sum(repeated) > 0.5 * len(repeated) and sum(crowded) > 0.85 * len(crowded)
 
 def test_counts_reach_six_and_out_of_world_questions_get_the_fixed_sentence(drawn):
     counts = {qa.answer for sc in drawn for qa in sc.qas if qa.qtype == "count"}

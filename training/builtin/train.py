@@ -155,9 +155,16 @@ class TrainArgs:
     typed_share: float = 0.0  # of the scenes: typed.py's (crowded, relations, out-of-world questions, typed phrasing)
     crowded_share: float = typed.CROWDED_SHARE  # of typed.py's drawn pictures: CROWDED_COUNTS smaller shapes
     crowded_counts: tuple[int, ...] = typed.CROWDED_COUNTS  # how many shapes a crowded picture has
+    crowded_repeat_share: float = typed.CROWDED_REPEAT_SHARE  # of crowded pictures: colours drawn with repeats
+    plain_repeat_share: float = typed.PLAIN_REPEAT_SHARE  # of typed.py's other pictures: the same
     size_ratio: float = typed.SIZE_RATIO  # the area ratio from which typed.py asks for the biggest / smallest
     bf16: bool = False  # forward and backward under bfloat16 autocast (AMX); weights and optimizer stay fp32
     data_worker: bool = False  # draw batches in a child process (batch_stream.py), a few steps ahead
+
+    @property
+    def picture_mix(self) -> typed.PictureMix:
+        return typed.PictureMix(self.crowded_share, self.crowded_counts, self.crowded_repeat_share,
+                                self.plain_repeat_share)
 
 
 # ---------------------------------------------------------------- model and processor
@@ -681,13 +688,12 @@ def evaluate_batches(model, batches: list[Batch], aux: AuxHead | None = None) ->
     return {k: c / n for k, (c, n) in sorted(tally.items())}
 
 
-def image_or_outside(rng: random.Random, typed_share: float = 0.0, crowded_share: float = typed.CROWDED_SHARE,
-                     size_ratio: float = typed.SIZE_RATIO,
-                     crowded_counts: tuple[int, ...] = typed.CROWDED_COUNTS) -> scenes.Scene:
+def image_or_outside(rng: random.Random, typed_share: float = 0.0, mix: typed.PictureMix = typed.PictureMix(),
+                     size_ratio: float = typed.SIZE_RATIO) -> scenes.Scene:
     if typed_share and rng.random() < typed_share:  # no draw at 0: the plain recipe's stream is unchanged
         if rng.random() < OUTSIDE_SHARE:
             return typed.typed_outside_scene(rng)
-        return typed.typed_scene(rng, crowded_share, size_ratio, crowded_counts)
+        return typed.typed_scene(rng, mix, size_ratio)
     return scenes.outside_scene(rng) if rng.random() < OUTSIDE_SHARE else scenes.image_scene(rng)
 
 
@@ -727,8 +733,7 @@ def fit_density_head(model, aux: AuxHead, processor, grid: int, args: TrainArgs,
     read-out that Adam's first, full-size steps would throw far off. Returns the share of those
     pictures whose summed density rounds to their number of shapes."""
     rng = random.Random(args.seed + 20_000)
-    sc = [image_or_outside(rng, args.typed_share, args.crowded_share, args.size_ratio, args.crowded_counts)
-          for _ in range(n_pictures)]
+    sc = [image_or_outside(rng, args.typed_share, args.picture_mix, args.size_ratio) for _ in range(n_pictures)]
     model.eval()
     feats = torch.cat([image_features(model, processor([s.frames[0] for s in sc[i: i + 64]],
                                                        return_tensors="pt")["pixel_values"])
@@ -781,8 +786,7 @@ def train(args: TrainArgs) -> None:
     data_rng = random.Random(args.seed)
 
     def a_picture() -> scenes.Scene:
-        return image_or_outside(data_rng, args.typed_share, args.crowded_share, args.size_ratio,
-                                args.crowded_counts)
+        return image_or_outside(data_rng, args.typed_share, args.picture_mix, args.size_ratio)
 
     def next_batch(step: int) -> Batch:
         if step % args.video_every == args.video_every - 1:
@@ -918,6 +922,10 @@ def main() -> None:
                    help="share of typed.py's drawn pictures that are crowded (--crowded-counts smaller shapes)")
     p.add_argument("--crowded-counts", type=int, nargs="+", default=list(typed.CROWDED_COUNTS), metavar="N",
                    help="how many shapes a crowded picture has, one of these drawn evenly")
+    p.add_argument("--crowded-repeat-share", type=float, default=typed.CROWDED_REPEAT_SHARE,
+                   help="share of crowded pictures whose colours are drawn with repeats (several shapes of one colour)")
+    p.add_argument("--plain-repeat-share", type=float, default=typed.PLAIN_REPEAT_SHARE,
+                   help="the same, of typed.py's other pictures of two shapes or more")
     p.add_argument("--size-ratio", type=float, default=typed.SIZE_RATIO,
                    help="typed.py asks for the biggest (smallest) shape when its visible area is this many times "
                         "the next one's (under it)")
@@ -942,7 +950,8 @@ def main() -> None:
                     init=a.init,
                     cpu_minutes=a.cpu_minutes, stop_after=a.stop_after, multi_scene_share=a.multi_scene_share,
                     typed_share=a.typed_share, crowded_share=a.crowded_share, size_ratio=a.size_ratio,
-                    crowded_counts=tuple(a.crowded_counts),
+                    crowded_counts=tuple(a.crowded_counts), crowded_repeat_share=a.crowded_repeat_share,
+                    plain_repeat_share=a.plain_repeat_share,
                     bf16=a.bf16, data_worker=a.data_worker,
                     qtype_weight=_overrides(p, a.qtype_weight, QTYPE_WEIGHT),
                     turn_priority=_overrides(p, a.turn_priority, QTYPE_WEIGHT)))

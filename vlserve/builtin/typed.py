@@ -2,7 +2,8 @@
 
 On top of `scenes.image_scene`'s pictures and questions, a typed scene has
 - crowded pictures: CROWDED_COUNTS (five or six) smaller shapes that may overlap more (each keeps
-  CROWDED_VISIBLE of itself), and canvases of more sizes and aspect ratios;
+  CROWDED_VISIBLE of itself), and canvases of more sizes and aspect ratios; how often colours repeat among
+  a picture's shapes is a PictureMix's choice;
 - relation questions (qtype "relation"): what is above / below / left / right of a named shape, the
   shape at the top / bottom / furthest left / right, the biggest and the smallest, and yes/no
   "is the A above / left of the B"; each asked only where the picture gives one plain answer, read from
@@ -44,6 +45,10 @@ CROWDED_COUNTS = (5, 6)
 TEXT_SHARE = 0.1  # of typed pictures: a word written on them in a neutral ink (text is not a shape)
 WORDS = ("SALE", "hello", "OPEN", "STOP", "exit", "No. 7", "Hi!", "menu", "ABC", "12:30", "café", "EXIT 4")
 CROWDED_VISIBLE = 0.55
+# Of crowded (plain) pictures: colours drawn with repeats, so that several shapes share one. A model that
+# sees few repeats counts colours, not shapes: two touching red shapes read as one.
+CROWDED_REPEAT_SHARE = 0.4
+PLAIN_REPEAT_SHARE = 0.25  # as scenes._colours
 FOREIGN_SHARE = 0.5  # of typed scenes: one question from outside the world among its questions
 RETYPE_SHARE = 0.7  # of questions: rewritten as typed
 MAX_RELATIONS = 3  # of a scene's relation questions, so that they do not crowd out the rest
@@ -209,14 +214,30 @@ def foreign_question(rng: random.Random) -> str:
 # ---------------------------------------------------------------- pictures
 
 
-def crowded_shapes(rng: random.Random, counts: tuple[int, ...] = CROWDED_COUNTS) -> tuple[list[Shape], np.ndarray]:
+@dataclasses.dataclass(frozen=True)
+class PictureMix:
+    """How typed.py draws a picture's shapes."""
+    crowded_share: float = CROWDED_SHARE  # of pictures: crowded (CROWDED_COUNTS smaller shapes)
+    crowded_counts: tuple[int, ...] = CROWDED_COUNTS  # how many shapes a crowded picture has, drawn evenly
+    crowded_repeat_share: float = CROWDED_REPEAT_SHARE  # of crowded pictures: colours drawn with repeats
+    plain_repeat_share: float = PLAIN_REPEAT_SHARE  # of the other pictures (two shapes or more): the same
+
+
+def colours(n: int, rng: random.Random, repeat_share: float) -> list[str]:
+    """n colours: at `repeat_share`, each drawn alone (so colours may repeat), else n different ones."""
+    if n > 1 and rng.random() < repeat_share:
+        return [rng.choice(list(scenes.COLOURS)) for _ in range(n)]
+    return rng.sample(list(scenes.COLOURS), n)
+
+
+def crowded_shapes(rng: random.Random, counts: tuple[int, ...] = CROWDED_COUNTS,
+                   repeat_share: float = CROWDED_REPEAT_SHARE) -> tuple[list[Shape], np.ndarray]:
     """`counts` (one of them) smaller shapes, each keeping CROWDED_VISIBLE of itself."""
     while True:
         n = rng.choice(counts)
-        colours = [rng.choice(list(scenes.COLOURS)) for _ in range(n)] if rng.random() < 0.4 else \
-            rng.sample(list(scenes.COLOURS), n)
+        colours_drawn = colours(n, rng, repeat_share)
         shapes = []
-        for colour in colours:
+        for colour in colours_drawn:
             size = rng.uniform(0.13, 0.3)
             h = size / 2 + 0.02
             shapes.append(Shape(rng.choice(scenes.SHAPES), colour, rng.uniform(h, 1 - h), rng.uniform(h, 1 - h), size))
@@ -233,13 +254,12 @@ def write_word(img: Image.Image, view: scenes.View, bg_name: str, rng: random.Ra
     ImageDraw.Draw(img).text((x, y), rng.choice(WORDS), fill=ink, font_size=max(8, view.side // rng.randint(7, 12)))
 
 
-def _picture(rng: random.Random, crowded_share: float = CROWDED_SHARE,
-             crowded_counts: tuple[int, ...] = CROWDED_COUNTS) -> tuple[list[Shape], np.ndarray]:
-    if rng.random() < crowded_share:
-        return crowded_shapes(rng, crowded_counts)
+def _picture(rng: random.Random, mix: PictureMix) -> tuple[list[Shape], np.ndarray]:
+    if rng.random() < mix.crowded_share:
+        return crowded_shapes(rng, mix.crowded_counts, mix.crowded_repeat_share)
     while True:
         n = rng.choice((1, 2, 2, 3, 3, 4))
-        placed = scenes.place_shapes(n, rng, scenes._colours(n, rng))
+        placed = scenes.place_shapes(n, rng, colours(n, rng, mix.plain_repeat_share))
         if placed is not None:
             return placed
 
@@ -388,11 +408,10 @@ def short_qas(shapes: list[Shape], centres, rng: random.Random) -> list[QA]:
     return out
 
 
-def typed_scene(rng: random.Random, crowded_share: float = CROWDED_SHARE, size_ratio: float = SIZE_RATIO,
-                crowded_counts: tuple[int, ...] = CROWDED_COUNTS) -> Scene:
+def typed_scene(rng: random.Random, mix: PictureMix = PictureMix(), size_ratio: float = SIZE_RATIO) -> Scene:
     """A picture (crowded at times, on a canvas of any listed size) with the plain generator's
     questions, the short forms, relations, a colour count and, at times, a question from outside."""
-    shapes, mask = _picture(rng, crowded_share, crowded_counts)
+    shapes, mask = _picture(rng, mix)
     view = scenes.View(*rng.choice(scenes.PICTURE_SIZES + EXTRA_SIZES))
     bg_kind, bg_name = rng.choice(scenes.BACKGROUND_KINDS), rng.choice(list(scenes.BACKGROUNDS))
     img = scenes.render(shapes, view, bg_kind, bg_name, rng)
