@@ -14,6 +14,7 @@ import torch
 from transformers import AutoTokenizer
 
 from vlserve.builtin import scenes, typed
+from training.builtin import count_probe
 from training.builtin.attention_targets import (
     KEYWORD_LAYER, REFERENCE_HEAD, RETRIEVAL_HEADS, RETRIEVAL_LAYER, AttentionBatch, object_patches,
     retrieval_patches,
@@ -492,3 +493,13 @@ def test_averaging_with_a_checkpoint_at_another_image_size_resamples_its_positio
     want = 0.5 * shipped[POSITION_TABLE] + 0.5 * resized_position_embedding(table, grid)
     assert torch.allclose(mixed[POSITION_TABLE], want, atol=1e-6)
     assert all(torch.equal(mixed[k], shipped[k]) for k in shipped if k != POSITION_TABLE)
+
+
+def test_the_count_probe_asks_about_every_count_with_colours_shared_and_not():
+    """count_probe.py fills every cell (count, colours shared or not) evenly, and scores each cell apart."""
+    items = count_probe.draw(16, seed=3)
+    cells = [(len(it.shapes), len({s.colour for s in it.shapes}) < len(it.shapes)) for it in items]
+    assert sorted(cells) == sorted((n, r) for n in count_probe.COUNTS for r in (False, True) for _ in range(2))
+    answers = ["Two." if it.colours_repeat else scenes.count_word(it.count) for it in items]
+    report = count_probe.report(items, answers)
+    assert "2/2    100.0%     0/2      0.0%" in report.splitlines()[1]
