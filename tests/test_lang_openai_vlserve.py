@@ -22,8 +22,9 @@ def caption_fields(s):
     # it is begun far enough: after "A red square, a blue circle, a green" it goes on " triangle and a
     # purple triangle." - so "first" is the green shape's kind, "second" the shape after " and". (Begun
     # with fewer words, a checkpoint may drift into an answer to another question: the picture it was
-    # asked about is missing.)
-    s += "USER: What is in the image? ASSISTANT: A red square, a blue circle, a green"
+    # asked about is missing; stage 17, asked "What is in the image?", goes on " triangle and aI can only
+    # see ...", so the question is one it finishes in form.)
+    s += "USER: Describe the picture. ASSISTANT: A red square, a blue circle, a green"
     s += sgl.gen("first", stop=" and") + " and" + sgl.gen("second", stop=".") + "."
 
 
