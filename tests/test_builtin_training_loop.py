@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from vlserve.builtin import scenes
+from vlserve.builtin import scenes, typed
 from training.builtin.batch_stream import BatchStream
 from training.builtin.place_targets import PlaceHead
 from training.builtin.train import (
@@ -26,11 +26,12 @@ def _drawer(seed: int):
     tok = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
     maker = BatchMaker(tok, build_image_processor(), seed=seed, grid=GRID)
     rng = random.Random(seed)
+    mix = typed.PictureMix(crowded_share=0.75)
 
     def make_batch(step: int):
         if step % 2:
             return maker.make([scenes.video_scene(rng, 4) for _ in range(2)], turns=4)
-        return maker.make([image_or_outside(rng, 0.75, 0.75) for _ in range(3)], turns=rng.randint(1, 4))
+        return maker.make([image_or_outside(rng, 0.75, mix) for _ in range(3)], turns=rng.randint(1, 4))
     return make_batch
 
 
