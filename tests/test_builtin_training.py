@@ -93,6 +93,7 @@ def _fitted(head: torch.nn.Module, loss_fn, steps: int = 300) -> tuple[float, fl
         opt.step()
     return first, loss.item()
 
+
 def test_count_head_reads_each_pictures_counts_from_its_mean_patch():
     torch.manual_seed(0)
     rng = random.Random(5)

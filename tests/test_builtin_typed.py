@@ -80,6 +80,7 @@ def test_the_repeat_shares_decide_whether_shapes_share_a_colour(share):
     else:
         assert sum(repeated) > 0.5 * len(repeated) and sum(crowded) > 0.85 * len(crowded)
 
+
 def test_counts_reach_six_and_out_of_world_questions_get_the_fixed_sentence(drawn):
     counts = {qa.answer for sc in drawn for qa in sc.qas if qa.qtype == "count"}
     assert {"Five.", "Six."} <= counts

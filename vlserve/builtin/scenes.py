@@ -426,8 +426,10 @@ def place_shapes(n: int, rng: random.Random, colours: list[str]) -> tuple[list[S
     return None
 
 
-def _colours(n: int, rng: random.Random) -> list[str]:
-    if n > 1 and rng.random() < 0.25:  # sometimes a colour repeats: "two red circles"
+def _colours(n: int, rng: random.Random, repeat_share: float = 0.25) -> list[str]:
+    """n colours: at `repeat_share`, each drawn alone (so a colour may repeat: "two red circles"), else n
+    different ones."""
+    if n > 1 and rng.random() < repeat_share:
         return [rng.choice(list(COLOURS)) for _ in range(n)]
     return rng.sample(list(COLOURS), n)
 

@@ -48,7 +48,7 @@ CROWDED_VISIBLE = 0.55
 # Of crowded (plain) pictures: colours drawn with repeats, so that several shapes share one. A model that
 # sees few repeats counts colours, not shapes: two touching red shapes read as one.
 CROWDED_REPEAT_SHARE = 0.4
-PLAIN_REPEAT_SHARE = 0.25  # as scenes._colours
+PLAIN_REPEAT_SHARE = 0.25  # scenes._colours' default
 FOREIGN_SHARE = 0.5  # of typed scenes: one question from outside the world among its questions
 RETYPE_SHARE = 0.7  # of questions: rewritten as typed
 MAX_RELATIONS = 3  # of a scene's relation questions, so that they do not crowd out the rest
@@ -223,21 +223,14 @@ class PictureMix:
     plain_repeat_share: float = PLAIN_REPEAT_SHARE  # of the other pictures (two shapes or more): the same
 
 
-def colours(n: int, rng: random.Random, repeat_share: float) -> list[str]:
-    """n colours: at `repeat_share`, each drawn alone (so colours may repeat), else n different ones."""
-    if n > 1 and rng.random() < repeat_share:
-        return [rng.choice(list(scenes.COLOURS)) for _ in range(n)]
-    return rng.sample(list(scenes.COLOURS), n)
-
-
 def crowded_shapes(rng: random.Random, counts: tuple[int, ...] = CROWDED_COUNTS,
                    repeat_share: float = CROWDED_REPEAT_SHARE) -> tuple[list[Shape], np.ndarray]:
     """`counts` (one of them) smaller shapes, each keeping CROWDED_VISIBLE of itself."""
     while True:
         n = rng.choice(counts)
-        colours_drawn = colours(n, rng, repeat_share)
+        colours = scenes._colours(n, rng, repeat_share)
         shapes = []
-        for colour in colours_drawn:
+        for colour in colours:
             size = rng.uniform(0.13, 0.3)
             h = size / 2 + 0.02
             shapes.append(Shape(rng.choice(scenes.SHAPES), colour, rng.uniform(h, 1 - h), rng.uniform(h, 1 - h), size))
@@ -259,7 +252,7 @@ def _picture(rng: random.Random, mix: PictureMix) -> tuple[list[Shape], np.ndarr
         return crowded_shapes(rng, mix.crowded_counts, mix.crowded_repeat_share)
     while True:
         n = rng.choice((1, 2, 2, 3, 3, 4))
-        placed = scenes.place_shapes(n, rng, colours(n, rng, mix.plain_repeat_share))
+        placed = scenes.place_shapes(n, rng, scenes._colours(n, rng, mix.plain_repeat_share))
         if placed is not None:
             return placed
 
